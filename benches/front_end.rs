@@ -1,0 +1,149 @@
+//! Per-sentence cost of the text front end: normalise + phonemise (tokenisation is elsewhere).
+//!
+//! `cargo run --release --example bench_text [rounds]`; espeak-ng is found as
+//! `Phonemizer::discover` does (set ONEBIT_ESPEAK_LIB or ONEBIT_HOME if it is elsewhere).
+
+use std::time::Instant;
+
+use onebit_tts::text::{Language, Phonemizer, normalize};
+
+const SENTENCES: &[(Language, &str)] = &[
+    (
+        Language::EnUs,
+        "The library opens at nine on weekdays and at ten on Saturdays.",
+    ),
+    (
+        Language::EnUs,
+        "Could you send me the report before the meeting tomorrow afternoon?",
+    ),
+    (
+        Language::EnUs,
+        "Our train was delayed by 25 minutes, so we missed the first act.",
+    ),
+    (
+        Language::EnUs,
+        "She bought 3 apples, 2 pears and a loaf of bread for $4.50.",
+    ),
+    (
+        Language::EnUs,
+        "\u{201c}That\u{2019}s not what I meant,\u{201d} he said, shaking his head slowly.",
+    ),
+    (
+        Language::EnUs,
+        "Please remember to water the plants while I'm away next week.",
+    ),
+    (
+        Language::EnUs,
+        "The new update improves battery life by roughly 15% on most devices.",
+    ),
+    (
+        Language::EnUs,
+        "After the storm passed, the children ran outside to look for rainbows.",
+    ),
+    (
+        Language::De,
+        "Morgen früh fahren wir mit dem Zug nach Hamburg zu meiner Schwester.",
+    ),
+    (
+        Language::De,
+        "Können Sie mir bitte sagen, wo der nächste Bahnhof ist?",
+    ),
+    (
+        Language::FrFr,
+        "Nous avons passé un excellent week-end à la montagne avec des amis.",
+    ),
+    (
+        Language::FrFr,
+        "Est-ce que tu peux fermer la fenêtre, s'il te plaît ?",
+    ),
+    (
+        Language::Es,
+        "Mañana por la tarde vamos a visitar a mis abuelos en el pueblo.",
+    ),
+    (
+        Language::Es,
+        "¿Sabes a qué hora empieza la película esta noche?",
+    ),
+];
+
+fn main() {
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(50);
+    let p = match Phonemizer::discover() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("bench_text: {e}");
+            std::process::exit(2);
+        }
+    };
+    println!("espeak-ng {} ({})", p.version(), p.library().display());
+
+    let run = |lang: Language, text: &str| -> usize {
+        let clean = match normalize(text) {
+            Ok(t) => t,
+            Err(e) => panic!("{text:?}: {e}"),
+        };
+        match p.phonemize(&clean, lang) {
+            Ok(ph) => ph.len(),
+            Err(e) => panic!("{text:?}: {e}"),
+        }
+    };
+    // Warm-up: loads every voice once (the first switch to a language reads its files).
+    for &(lang, text) in SENTENCES {
+        run(lang, text);
+    }
+
+    let mut sink = 0usize;
+    let mut time = |lang: Language, text: &str| {
+        let t = Instant::now();
+        sink += run(lang, text);
+        t.elapsed().as_secs_f64() * 1e6
+    };
+    // Grouped by language: the common case of a server speaking one language.
+    let mut grouped = Vec::with_capacity(rounds * SENTENCES.len());
+    for lang in Language::ALL {
+        for _ in 0..rounds {
+            for &(l, text) in SENTENCES.iter().filter(|(l, _)| *l == lang) {
+                grouped.push(time(l, text));
+            }
+        }
+    }
+    // Interleaved: every call switches the espeak voice first.
+    let mut interleaved = Vec::with_capacity(rounds * SENTENCES.len());
+    for _ in 0..rounds {
+        for &(lang, text) in SENTENCES {
+            interleaved.push(time(lang, text));
+        }
+    }
+    let words: usize = SENTENCES
+        .iter()
+        .map(|(_, t)| t.split_whitespace().count())
+        .sum();
+    println!(
+        "{} sentences x {rounds} rounds, {:.1} words ({:.0} chars) per sentence on average",
+        SENTENCES.len(),
+        words as f64 / SENTENCES.len() as f64,
+        SENTENCES
+            .iter()
+            .map(|(_, t)| t.chars().count())
+            .sum::<usize>() as f64
+            / SENTENCES.len() as f64
+    );
+    report("grouped", &mut grouped);
+    report("interleaved", &mut interleaved);
+    std::hint::black_box(sink);
+}
+
+fn report(name: &str, us: &mut [f64]) {
+    us.sort_by(f64::total_cmp);
+    let pct = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];
+    let mean = us.iter().sum::<f64>() / us.len() as f64;
+    println!(
+        "{name:>10}: median {:.0} us, mean {mean:.0} us, p90 {:.0} us, max {:.0} us per sentence",
+        pct(0.5),
+        pct(0.9),
+        pct(1.0)
+    );
+}

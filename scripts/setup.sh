@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs what onebit-tts needs at run and test time into .onebit/ (ignored by git):
+#   .onebit/venv          python venv: onnxruntime, onnxruntime-genai, onnx, numpy (generator, parity tests)
+#   .onebit/onnxruntime   the ONNX Runtime shared library from the onnxruntime wheel
+#   .onebit/neutts        espeak-ng 1.52 library + data and the sample voices from the neutts wheel
+# Idempotent: a second run only checks.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+home="$root/.onebit"
+mkdir -p "$home"
+py="${PYTHON:-python3}"
+
+ORT_VERSION=1.31.1
+OGA_VERSION=0.18.0
+NEUTTS_VERSION=1.4.1
+
+if [ ! -x "$home/venv/bin/python" ]; then
+  "$py" -m venv "$home/venv"
+fi
+stamp="$home/venv/.onebit-reqs"
+reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 ${ONEBIT_EXTRA_PIP:-}"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
+  "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
+  echo "$reqs" > "$stamp"
+fi
+
+site="$("$home/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if ! ls "$home/onnxruntime/lib/libonnxruntime.so"* >/dev/null 2>&1; then
+  mkdir -p "$home/onnxruntime/lib"
+  cp -a "$site"/onnxruntime/capi/libonnxruntime.so.* "$home/onnxruntime/lib/"
+  (cd "$home/onnxruntime/lib" && ln -sf libonnxruntime.so.$ORT_VERSION libonnxruntime.so)
+fi
+if [ ! -d "$home/oga/lib" ]; then
+  mkdir -p "$home/oga/lib"
+  cp -a "$site"/onnxruntime_genai/libonnxruntime-genai.so "$home/oga/lib/"
+fi
+
+if [ ! -f "$home/neutts/libespeak-ng.so.1" ]; then
+  tmp="$(mktemp -d)"
+  "$home/venv/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    -d "$tmp" "neutts==$NEUTTS_VERSION"
+  rm -rf "$home/neutts.partial"
+  mkdir -p "$home/neutts.partial"
+  "$home/venv/bin/python" - "$tmp"/neutts-*.whl "$home/neutts.partial" <<'PY'
+import sys, zipfile, os
+whl, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(whl) as z:
+    for n in z.namelist():
+        if n.endswith("/"):
+            continue
+        if n.startswith(("neutts/espeak-ng-data/", "neutts/samples/")) or n in (
+            "neutts/libespeak-ng.so.1", "neutts-%s.dist-info/licenses/LICENSE" % "1.4.1"):
+            dest = os.path.join(out, n.split("/", 1)[1])
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with z.open(n) as src, open(dest, "wb") as dst:
+                dst.write(src.read())
+PY
+  rm -rf "$home/neutts" "$tmp"
+  mv "$home/neutts.partial" "$home/neutts"
+fi
+echo "setup: runtime in $home (onnxruntime $ORT_VERSION, onnxruntime-genai $OGA_VERSION, espeak-ng from neutts $NEUTTS_VERSION)"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite: installs the runtime pieces, generates the test packages, checks format
+# and lints, then runs every Rust and Python test. CI runs exactly this.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+bash scripts/gen-test-models.sh
+cargo fmt --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --locked
+"$root/.onebit/venv/bin/python" tests/python/test_generated_models.py "$root/target/pytest-models"

@@ -1,0 +1,189 @@
+//! The backbone: prompt ids in, speech codes out.
+//!
+//! A [`Backbone`] is anything that turns tokens into next-token logits while keeping its own KV
+//! state (the in-process ONNX Runtime session today). [`generate`] is the one generation loop over any
+//! backbone: budget check, min/max new tokens, speech-constrained sampling, stop ids, cancellation
+//! and the per-code callback all live here once.
+
+pub mod ort_engine;
+pub mod sampler;
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+pub use ort_engine::{KvMode, OrtBackbone, OrtOptions};
+pub use sampler::{Candidates, SampleError, Sampler, SamplingParams};
+
+/// The vendor's minimum: the end token cannot win before 50 new codes.
+pub const DEFAULT_MIN_NEW_TOKENS: usize = 50;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(
+        "the prompt has {prompt} tokens but the model's budget is {budget} tokens per sequence (prompt + generated); shorten the text or use a shorter reference voice"
+    )]
+    PromptTooLong { prompt: usize, budget: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("onnx runtime: {0}")]
+    Runtime(String),
+    #[error("model graph: {0}")]
+    Graph(String),
+    #[error("sampling: {0}")]
+    Sample(#[from] SampleError),
+    #[error("invalid generation settings: {0}")]
+    Params(String),
+}
+
+impl From<ort::Error<ort::session::builder::SessionBuilder>> for EngineError {
+    fn from(e: ort::Error<ort::session::builder::SessionBuilder>) -> Self {
+        EngineError::Runtime(e.to_string())
+    }
+}
+
+impl From<ort::Error> for EngineError {
+    fn from(e: ort::Error) -> Self {
+        EngineError::Runtime(e.to_string())
+    }
+}
+
+/// Stops a generation from another thread within one step.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Something that holds a sequence's KV state and gives next-token logits.
+pub trait Backbone: Send {
+    /// Forgets the previous sequence.
+    fn reset(&mut self);
+    /// Appends `tokens` to the sequence and returns the logits row of the last one (full vocabulary
+    /// width). The first call after `reset` is the prefill.
+    fn append(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError>;
+    /// Tokens the sequence already holds.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Most tokens (prompt + generated) one sequence may hold.
+    fn budget(&self) -> usize;
+    fn describe(&self) -> String;
+}
+
+/// Per-request generation settings.
+#[derive(Debug, Clone)]
+pub struct GenerationParams {
+    pub sampling: SamplingParams,
+    pub min_new_tokens: usize,
+    /// Further bounded by the budget left after the prompt.
+    pub max_new_tokens: Option<usize>,
+}
+
+impl Default for GenerationParams {
+    fn default() -> Self {
+        Self {
+            sampling: SamplingParams::default(),
+            min_new_tokens: DEFAULT_MIN_NEW_TOKENS,
+            max_new_tokens: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// A stop id won (the end token or an eos id).
+    Stop(u32),
+    /// max_new_tokens or the context budget was reached.
+    Length,
+    /// The cancel token fired or the callback asked to stop.
+    Cancelled,
+}
+
+/// What one generation produced, with its timings.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub codes: Vec<u32>,
+    pub stop: StopReason,
+    pub prompt_tokens: usize,
+    pub seed: u64,
+    pub prefill: Duration,
+    pub decode: Duration,
+}
+
+/// Runs one generation: prefill the prompt, then one code per step until a stop id, the length
+/// limit or cancellation. `on_code` sees each code as it is made and may stop the run.
+pub fn generate(
+    backbone: &mut dyn Backbone,
+    candidates: &Candidates,
+    prompt: &[u32],
+    params: &GenerationParams,
+    cancel: &CancelToken,
+    on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
+) -> Result<Generation, EngineError> {
+    params.sampling.validate().map_err(EngineError::Params)?;
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    let budget = backbone.budget();
+    if prompt.len() >= budget {
+        return Err(EngineError::PromptTooLong {
+            prompt: prompt.len(),
+            budget,
+        });
+    }
+    let room = budget - prompt.len();
+    let max_new = params.max_new_tokens.map_or(room, |m| m.min(room));
+    let mut sampler = Sampler::new(params.sampling, candidates.clone());
+    let mut out = Generation {
+        codes: Vec::new(),
+        stop: StopReason::Length,
+        prompt_tokens: prompt.len(),
+        seed: sampler.seed(),
+        prefill: Duration::ZERO,
+        decode: Duration::ZERO,
+    };
+    backbone.reset();
+    if cancel.is_cancelled() {
+        out.stop = StopReason::Cancelled;
+        return Ok(out);
+    }
+    let t0 = Instant::now();
+    let logits = backbone.append(prompt)?;
+    let mut next = sampler.sample(logits, params.min_new_tokens == 0)?;
+    out.prefill = t0.elapsed();
+    let t1 = Instant::now();
+    let speech_end = candidates.speech_first + candidates.speech_count;
+    loop {
+        if candidates.stop_ids.contains(&next) {
+            out.stop = StopReason::Stop(next);
+            break;
+        }
+        debug_assert!((candidates.speech_first..speech_end).contains(&next));
+        let code = next - candidates.speech_first;
+        out.codes.push(code);
+        if on_code(code).is_break() || cancel.is_cancelled() {
+            out.stop = StopReason::Cancelled;
+            break;
+        }
+        if out.codes.len() >= max_new {
+            out.stop = StopReason::Length;
+            break;
+        }
+        let logits = backbone.append(&[next])?;
+        next = sampler.sample(logits, out.codes.len() >= params.min_new_tokens)?;
+    }
+    out.decode = t1.elapsed();
+    Ok(out)
+}

@@ -1,0 +1,414 @@
+//! The in-process ONNX Runtime backbone: one session of the OGA decoder graph and its KV cache.
+//!
+//! It feeds exactly the inputs the graph declares, under the names genai_config.json gives, and
+//! keeps the KV cache either as growing tensors (each step's `present.*` becomes the next step's
+//! `past_key_values.*`, no copy) or as one static buffer of `search.max_length` bound as both past
+//! and present (`past_present_share_buffer`), which GroupQueryAttention updates in place.
+
+use std::path::Path;
+
+use ort::memory::Allocator;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::{Session, SessionInputValue};
+use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
+
+use super::{Backbone, EngineError};
+use crate::package::ModelPackage;
+use crate::package::genai::layer_name;
+
+/// How the KV cache is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvMode {
+    /// Present tensors grow by one position per step.
+    Growing,
+    /// One buffer of the full budget, shared by past and present (OGA's share-buffer mode).
+    Shared,
+}
+
+/// Session settings; `None` means the package's genai_config.json decides.
+#[derive(Debug, Clone, Default)]
+pub struct OrtOptions {
+    pub intra_threads: Option<usize>,
+    pub kv_mode: Option<KvMode>,
+    /// Prompt tokens per prefill run; `None` prefills in one run.
+    pub prefill_chunk: Option<usize>,
+}
+
+struct Names {
+    input_ids: String,
+    attention_mask: String,
+    position_ids: Option<String>,
+    past: Vec<(String, String)>,
+    logits: String,
+    present: Vec<(String, String)>,
+}
+
+/// The ONNX Runtime backbone.
+pub struct OrtBackbone {
+    session: Session,
+    names: Names,
+    ids_i32: bool,
+    kv_heads: usize,
+    head_size: usize,
+    vocab: usize,
+    budget: usize,
+    mode: KvMode,
+    prefill_chunk: Option<usize>,
+    /// Growing mode: the tensors fed as past next step (k, v per layer). Shared mode: the buffers.
+    past: Vec<(DynValue, DynValue)>,
+    len: usize,
+    logits: Vec<f32>,
+    desc: String,
+}
+
+fn level(name: Option<&str>) -> GraphOptimizationLevel {
+    match name.map(str::to_ascii_uppercase).as_deref() {
+        Some("ORT_DISABLE_ALL") => GraphOptimizationLevel::Disable,
+        Some("ORT_ENABLE_BASIC") => GraphOptimizationLevel::Level1,
+        Some("ORT_ENABLE_EXTENDED") => GraphOptimizationLevel::Level2,
+        _ => GraphOptimizationLevel::All,
+    }
+}
+
+fn tensor_type(outlets: &[ort::value::Outlet], name: &str) -> Option<TensorElementType> {
+    outlets
+        .iter()
+        .find(|o| o.name() == name)
+        .and_then(|o| match o.dtype() {
+            ValueType::Tensor { ty, .. } => Some(*ty),
+            _ => None,
+        })
+}
+
+impl OrtBackbone {
+    pub fn load(
+        env: &ort::environment::Environment,
+        pkg: &ModelPackage,
+        opts: &OrtOptions,
+    ) -> Result<Self, EngineError> {
+        let d = &pkg.genai.model.decoder;
+        let so = &d.session_options;
+        let mut builder = Session::builder(env)?
+            .with_optimization_level(level(so.graph_optimization_level.as_deref()))?;
+        if let Some(n) = opts.intra_threads.or(so.intra_op_num_threads) {
+            builder = builder.with_intra_threads(n)?;
+        }
+        if let Some(n) = so.inter_op_num_threads {
+            builder = builder.with_inter_threads(n)?;
+        }
+        let session = builder
+            .commit_from_file(&pkg.decoder_path)
+            .map_err(|e| EngineError::Graph(format!("{}: {e}", pkg.decoder_path.display())))?;
+        Self::from_session(session, pkg, opts)
+    }
+
+    fn from_session(
+        session: Session,
+        pkg: &ModelPackage,
+        opts: &OrtOptions,
+    ) -> Result<Self, EngineError> {
+        let d = &pkg.genai.model.decoder;
+        let has_input = |n: &str| session.inputs().iter().any(|o| o.name() == n);
+        let has_output = |n: &str| session.outputs().iter().any(|o| o.name() == n);
+        let path = pkg.decoder_path.display().to_string();
+        let need = |ok: bool, what: String| {
+            if ok {
+                Ok(())
+            } else {
+                Err(EngineError::Graph(format!("{path}: {what}")))
+            }
+        };
+        need(
+            has_input(&d.inputs.input_ids),
+            format!("no input {:?}", d.inputs.input_ids),
+        )?;
+        need(
+            has_input(&d.inputs.attention_mask),
+            format!("no input {:?}", d.inputs.attention_mask),
+        )?;
+        need(
+            has_output(&d.outputs.logits),
+            format!("no output {:?}", d.outputs.logits),
+        )?;
+        let mut past = Vec::new();
+        let mut present = Vec::new();
+        for layer in 0..d.num_hidden_layers {
+            let pk = layer_name(&d.inputs.past_key_names, layer);
+            let pv = layer_name(&d.inputs.past_value_names, layer);
+            let ok = layer_name(&d.outputs.present_key_names, layer);
+            let ov = layer_name(&d.outputs.present_value_names, layer);
+            for n in [&pk, &pv] {
+                need(
+                    has_input(n),
+                    format!("no input {n:?} (layer {layer} of {})", d.num_hidden_layers),
+                )?;
+            }
+            for n in [&ok, &ov] {
+                need(
+                    has_output(n),
+                    format!("no output {n:?} (layer {layer} of {})", d.num_hidden_layers),
+                )?;
+            }
+            past.push((pk, pv));
+            present.push((ok, ov));
+        }
+        let known: usize =
+            2 + 2 * d.num_hidden_layers + usize::from(has_input(&d.inputs.position_ids));
+        if session.inputs().len() != known {
+            let extra: Vec<&str> = session
+                .inputs()
+                .iter()
+                .map(|o| o.name())
+                .filter(|n| {
+                    *n != d.inputs.input_ids
+                        && *n != d.inputs.attention_mask
+                        && *n != d.inputs.position_ids
+                        && !past.iter().any(|(k, v)| k == n || v == n)
+                })
+                .collect();
+            return Err(EngineError::Graph(format!(
+                "{path}: inputs this engine does not know how to feed: {extra:?}"
+            )));
+        }
+        let ids_i32 = match tensor_type(session.inputs(), &d.inputs.input_ids) {
+            Some(TensorElementType::Int64) => false,
+            Some(TensorElementType::Int32) => true,
+            other => {
+                return Err(EngineError::Graph(format!(
+                    "{path}: input_ids has type {other:?}, expected int64 or int32"
+                )));
+            }
+        };
+        let kv_ty = tensor_type(session.inputs(), &past[0].0);
+        if kv_ty != Some(TensorElementType::Float32) {
+            return Err(EngineError::Graph(format!(
+                "{path}: past key/values are {kv_ty:?}; this engine runs float32 KV caches (CPU packages)"
+            )));
+        }
+        let position_ids = has_input(&d.inputs.position_ids).then(|| d.inputs.position_ids.clone());
+        let mode = opts
+            .kv_mode
+            .unwrap_or(if pkg.genai.search.past_present_share_buffer {
+                KvMode::Shared
+            } else {
+                KvMode::Growing
+            });
+        let budget = pkg.genai.token_budget();
+        let desc = format!(
+            "ort {} ({} layers, {} KV, {})",
+            crate::runtime::info().map_or("?", |i| i.version.as_str()),
+            d.num_hidden_layers,
+            match mode {
+                KvMode::Growing => "growing".to_owned(),
+                KvMode::Shared => format!("shared buffer of {budget}"),
+            },
+            pkg.decoder_path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("?"),
+        );
+        let mut me = Self {
+            session,
+            names: Names {
+                input_ids: d.inputs.input_ids.clone(),
+                attention_mask: d.inputs.attention_mask.clone(),
+                position_ids,
+                past,
+                logits: d.outputs.logits.clone(),
+                present,
+            },
+            ids_i32,
+            kv_heads: d.num_key_value_heads,
+            head_size: d.head_size,
+            vocab: pkg.genai.model.vocab_size,
+            budget,
+            mode,
+            prefill_chunk: opts.prefill_chunk.filter(|&c| c > 0),
+            past: Vec::new(),
+            len: 0,
+            logits: Vec::new(),
+            desc,
+        };
+        me.reset();
+        Ok(me)
+    }
+
+    fn kv_tensor(&self, seq: usize) -> Result<DynValue, EngineError> {
+        let shape = [1usize, self.kv_heads, seq, self.head_size];
+        let t = if seq == 0 {
+            Tensor::<f32>::new(&Allocator::default(), shape)?
+        } else {
+            let mut t = Tensor::<f32>::new(&Allocator::default(), shape)?;
+            t.extract_tensor_mut().1.fill(0.0);
+            t
+        };
+        Ok(t.into_dyn())
+    }
+
+    fn run_chunk(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+        let n = tokens.len();
+        let total = self.len + n;
+        let mut inputs: Vec<(String, SessionInputValue<'_>)> =
+            Vec::with_capacity(3 + 2 * self.past.len());
+        let ids: DynValue = if self.ids_i32 {
+            Tensor::from_array((
+                [1usize, n],
+                tokens.iter().map(|&t| t as i32).collect::<Vec<_>>(),
+            ))?
+            .into_dyn()
+        } else {
+            Tensor::from_array((
+                [1usize, n],
+                tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(),
+            ))?
+            .into_dyn()
+        };
+        inputs.push((self.names.input_ids.clone(), ids.into()));
+        inputs.push((
+            self.names.attention_mask.clone(),
+            Tensor::from_array(([1usize, total], vec![1i64; total]))?.into(),
+        ));
+        if let Some(p) = &self.names.position_ids {
+            let pos: Vec<i64> = (self.len as i64..total as i64).collect();
+            inputs.push((p.clone(), Tensor::from_array(([1usize, n], pos))?.into()));
+        }
+        match self.mode {
+            KvMode::Growing => {
+                let past = std::mem::take(&mut self.past);
+                for ((kn, vn), (k, v)) in self.names.past.iter().zip(past) {
+                    inputs.push((kn.clone(), k.into()));
+                    inputs.push((vn.clone(), v.into()));
+                }
+                let mut outputs = self.session.run(inputs)?;
+                let mut next = Vec::with_capacity(self.names.present.len());
+                for (kn, vn) in &self.names.present {
+                    let k = outputs.remove(kn.as_str());
+                    let v = outputs.remove(vn.as_str());
+                    match (k, v) {
+                        (Some(k), Some(v)) => next.push((k, v)),
+                        _ => return Err(EngineError::Graph(format!("run gave no {kn} / {vn}"))),
+                    }
+                }
+                let logits = outputs
+                    .get(self.names.logits.as_str())
+                    .ok_or_else(|| EngineError::Graph("run gave no logits".into()))?;
+                Self::last_row(logits, self.vocab, &mut self.logits)?;
+                self.past = next;
+            }
+            KvMode::Shared => {
+                let mut binding = self.session.create_binding()?;
+                for (name, value) in inputs {
+                    match value {
+                        SessionInputValue::Owned(v) => binding.bind_input(name, &v)?,
+                        _ => unreachable!("inputs above are all owned"),
+                    }
+                }
+                for ((pk, pv), ((ok, ov), (k, v))) in self
+                    .names
+                    .past
+                    .iter()
+                    .zip(self.names.present.iter().zip(self.past.iter_mut()))
+                {
+                    binding.bind_input(pk.as_str(), &*k)?;
+                    binding.bind_input(pv.as_str(), &*v)?;
+                    binding.bind_output(ok.as_str(), &mut *k)?;
+                    binding.bind_output(ov.as_str(), &mut *v)?;
+                }
+                binding.bind_output_to_device(
+                    self.names.logits.as_str(),
+                    &ort::memory::MemoryInfo::default(),
+                )?;
+                let outputs = self.session.run_binding(&binding)?;
+                let logits = outputs
+                    .get(self.names.logits.as_str())
+                    .ok_or_else(|| EngineError::Graph("run gave no logits".into()))?;
+                Self::last_row(logits, self.vocab, &mut self.logits)?;
+            }
+        }
+        self.len = total;
+        Ok(())
+    }
+
+    fn last_row(logits: &DynValue, vocab: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        let (shape, data) = logits.try_extract_tensor::<f32>()?;
+        let width = shape.last().copied().unwrap_or(0) as usize;
+        if width != vocab || data.len() < width {
+            return Err(EngineError::Graph(format!(
+                "logits shape {shape:?} does not end in vocab_size {vocab}"
+            )));
+        }
+        out.clear();
+        out.extend_from_slice(&data[data.len() - width..]);
+        Ok(())
+    }
+}
+
+impl Backbone for OrtBackbone {
+    fn reset(&mut self) {
+        self.len = 0;
+        let seq = match self.mode {
+            KvMode::Growing => 0,
+            KvMode::Shared => self.budget,
+        };
+        // Shared buffers are allocated once; growing ones restart empty.
+        if self.mode == KvMode::Shared && self.past.len() == self.names.past.len() {
+            return;
+        }
+        let mut past = Vec::with_capacity(self.names.past.len());
+        for _ in 0..self.names.past.len() {
+            match (self.kv_tensor(seq), self.kv_tensor(seq)) {
+                (Ok(k), Ok(v)) => past.push((k, v)),
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::error!("cannot allocate the KV cache: {e}");
+                    break;
+                }
+            }
+        }
+        self.past = past;
+    }
+
+    fn append(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        if self.past.len() != self.names.past.len() {
+            return Err(EngineError::Runtime(
+                "the KV cache could not be allocated".into(),
+            ));
+        }
+        if self.len + tokens.len() > self.budget {
+            return Err(EngineError::PromptTooLong {
+                prompt: self.len + tokens.len(),
+                budget: self.budget,
+            });
+        }
+        let chunk = self.prefill_chunk.unwrap_or(tokens.len()).max(1);
+        let result = tokens.chunks(chunk).try_for_each(|c| self.run_chunk(c));
+        if let Err(e) = result {
+            // A failed run leaves the cache in an unknown state; the next request starts clean.
+            self.past.clear();
+            self.reset();
+            return Err(e);
+        }
+        Ok(&self.logits)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn budget(&self) -> usize {
+        self.budget
+    }
+
+    fn describe(&self) -> String {
+        self.desc.clone()
+    }
+}
+
+/// Loads the package's backbone with the runtime found by [`crate::runtime`].
+pub fn load(
+    pkg: &ModelPackage,
+    opts: &OrtOptions,
+    ort_lib: Option<&Path>,
+) -> Result<OrtBackbone, crate::Error> {
+    let env = crate::runtime::environment(ort_lib)?;
+    Ok(OrtBackbone::load(env, pkg, opts)?)
+}

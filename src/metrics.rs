@@ -1,0 +1,44 @@
+//! One timing type for every stage, so `say`, `bench`, `/metrics` and the logs agree.
+
+use std::time::Duration;
+
+/// Time spent per stage of one synthesis.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageTimings {
+    /// Normalise + phonemise + tokenise.
+    pub front_end: Duration,
+    pub prefill: Duration,
+    pub decode: Duration,
+    pub codec: Duration,
+    pub encode: Duration,
+    /// From the start of the request to the first audio sample handed out.
+    pub first_audio: Option<Duration>,
+    pub total: Duration,
+}
+
+impl StageTimings {
+    pub fn add(&mut self, o: &StageTimings) {
+        self.front_end += o.front_end;
+        self.prefill += o.prefill;
+        self.decode += o.decode;
+        self.codec += o.codec;
+        self.encode += o.encode;
+        self.total += o.total;
+        self.first_audio = self.first_audio.or(o.first_audio);
+    }
+}
+
+/// Codes per second of decode time (the real-time line is 50).
+pub fn codes_per_second(codes: usize, decode: Duration) -> f64 {
+    let s = decode.as_secs_f64();
+    if s > 0.0 { codes as f64 / s } else { 0.0 }
+}
+
+/// Real-time factor: wall time over audio time (below 1 is faster than real time).
+pub fn rtf(wall: Duration, audio_seconds: f64) -> f64 {
+    if audio_seconds > 0.0 {
+        wall.as_secs_f64() / audio_seconds
+    } else {
+        0.0
+    }
+}

@@ -1,0 +1,212 @@
+//! `genai_config.json` in the onnxruntime-genai schema: the part of it this project uses.
+//!
+//! Unknown fields are accepted (real packages carry many), known ones are type-checked, and the
+//! cross-field rules (heads x head size, vocab width) are checked in [`GenaiConfig::validate`].
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct GenaiConfig {
+    pub model: ModelSection,
+    #[serde(default)]
+    pub search: SearchSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ModelSection {
+    #[serde(rename = "type")]
+    pub model_type: String,
+    pub context_length: usize,
+    pub vocab_size: usize,
+    #[serde(default)]
+    pub bos_token_id: Option<u32>,
+    #[serde(default)]
+    pub eos_token_id: TokenIds,
+    #[serde(default)]
+    pub pad_token_id: Option<u32>,
+    pub decoder: DecoderSection,
+}
+
+/// `eos_token_id` is a number or a list in the wild.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    #[default]
+    None,
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    pub fn to_vec(&self) -> Vec<u32> {
+        match self {
+            TokenIds::None => Vec::new(),
+            TokenIds::One(id) => vec![*id],
+            TokenIds::Many(ids) => ids.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct DecoderSection {
+    pub filename: String,
+    #[serde(default)]
+    pub session_options: SessionOptions,
+    pub head_size: usize,
+    pub hidden_size: usize,
+    pub num_attention_heads: usize,
+    pub num_hidden_layers: usize,
+    pub num_key_value_heads: usize,
+    #[serde(default)]
+    pub inputs: InputNames,
+    #[serde(default)]
+    pub outputs: OutputNames,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SessionOptions {
+    #[serde(default)]
+    pub log_id: Option<String>,
+    #[serde(default)]
+    pub intra_op_num_threads: Option<usize>,
+    #[serde(default)]
+    pub inter_op_num_threads: Option<usize>,
+    #[serde(default)]
+    pub graph_optimization_level: Option<String>,
+    /// A list of `{provider name: {option: value}}`, as OGA writes it.
+    #[serde(default)]
+    pub provider_options: Vec<BTreeMap<String, BTreeMap<String, String>>>,
+}
+
+impl SessionOptions {
+    /// Provider names in the order the config lists them.
+    pub fn providers(&self) -> Vec<&str> {
+        self.provider_options
+            .iter()
+            .flat_map(|m| m.keys().map(String::as_str))
+            .collect()
+    }
+
+    pub fn provider(&self, name: &str) -> Option<&BTreeMap<String, String>> {
+        self.provider_options.iter().find_map(|m| m.get(name))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct InputNames {
+    pub input_ids: String,
+    pub attention_mask: String,
+    pub position_ids: String,
+    pub past_key_names: String,
+    pub past_value_names: String,
+}
+
+impl Default for InputNames {
+    fn default() -> Self {
+        Self {
+            input_ids: "input_ids".into(),
+            attention_mask: "attention_mask".into(),
+            position_ids: "position_ids".into(),
+            past_key_names: "past_key_values.%d.key".into(),
+            past_value_names: "past_key_values.%d.value".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct OutputNames {
+    pub logits: String,
+    pub present_key_names: String,
+    pub present_value_names: String,
+}
+
+impl Default for OutputNames {
+    fn default() -> Self {
+        Self {
+            logits: "logits".into(),
+            present_key_names: "present.%d.key".into(),
+            present_value_names: "present.%d.value".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct SearchSection {
+    pub max_length: Option<usize>,
+    pub past_present_share_buffer: bool,
+    pub do_sample: bool,
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_length: usize,
+}
+
+impl Default for SearchSection {
+    fn default() -> Self {
+        Self {
+            max_length: None,
+            past_present_share_buffer: false,
+            do_sample: false,
+            temperature: 1.0,
+            top_k: 50,
+            top_p: 1.0,
+            min_length: 0,
+        }
+    }
+}
+
+/// Expands an OGA name pattern (`past_key_values.%d.key`) for one layer.
+pub fn layer_name(pattern: &str, layer: usize) -> String {
+    pattern.replace("%d", &layer.to_string())
+}
+
+impl GenaiConfig {
+    /// Cross-field checks; each message says what was expected.
+    pub fn validate(&self) -> Result<(), String> {
+        let d = &self.model.decoder;
+        if d.num_hidden_layers == 0 {
+            return Err("decoder.num_hidden_layers is 0".into());
+        }
+        if d.num_key_value_heads == 0 || d.num_attention_heads % d.num_key_value_heads != 0 {
+            return Err(format!(
+                "decoder.num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                d.num_attention_heads, d.num_key_value_heads
+            ));
+        }
+        if d.num_attention_heads * d.head_size != d.hidden_size {
+            return Err(format!(
+                "decoder.num_attention_heads x head_size ({} x {}) must equal hidden_size ({})",
+                d.num_attention_heads, d.head_size, d.hidden_size
+            ));
+        }
+        for p in [
+            &d.inputs.past_key_names,
+            &d.inputs.past_value_names,
+            &d.outputs.present_key_names,
+            &d.outputs.present_value_names,
+        ] {
+            if !p.contains("%d") {
+                return Err(format!("name pattern {p:?} has no %d for the layer index"));
+            }
+        }
+        if self.model.context_length == 0 {
+            return Err("model.context_length is 0".into());
+        }
+        if self.search.past_present_share_buffer && self.search.max_length.is_none() {
+            return Err("search.past_present_share_buffer needs search.max_length".into());
+        }
+        Ok(())
+    }
+
+    /// Total tokens (prompt + generated) one sequence may hold.
+    pub fn token_budget(&self) -> usize {
+        match self.search.max_length {
+            Some(m) if m > 0 => m.min(self.model.context_length),
+            _ => self.model.context_length,
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! A model package on disk: the backbone (genai_config.json + decoder ONNX + tokenizer.json) and
+//! the NeuCodec decoder package beside it. Loading validates everything a request would otherwise
+//! trip over later, and every error names the file and what was expected.
+
+pub mod genai;
+pub mod vocab;
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tokenizers::Tokenizer;
+
+pub use genai::GenaiConfig;
+pub use vocab::{SPEECH_CODES, SpeechVocab, VocabError};
+
+use crate::prompt::InputFormat;
+
+/// NeuCodec's fixed rates: 24 kHz audio, 480 samples per code (50 codes per second).
+pub const CODEC_SAMPLE_RATE: u32 = 24_000;
+pub const CODEC_HOP: usize = 480;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackageError {
+    #[error("{}: missing ({what})", .path.display())]
+    Missing { path: PathBuf, what: &'static str },
+    #[error("{}: not valid JSON for {what}: {err}", .path.display())]
+    BadJson {
+        path: PathBuf,
+        what: &'static str,
+        err: String,
+    },
+    #[error("{}: {msg}", .path.display())]
+    Invalid { path: PathBuf, msg: String },
+    #[error("{}: {err}", .path.display())]
+    Vocab { path: PathBuf, err: VocabError },
+}
+
+/// The codec package: NeuCodec decoder (and optional encoder) ONNX files.
+#[derive(Debug, Clone)]
+pub struct CodecPackage {
+    pub dir: PathBuf,
+    pub decoder: PathBuf,
+    pub encoder: Option<PathBuf>,
+    pub sample_rate: u32,
+    pub hop_length: usize,
+}
+
+#[derive(Debug, Deserialize)]
+struct CodecJson {
+    #[serde(default = "default_rate")]
+    sample_rate: u32,
+    #[serde(default = "default_hop")]
+    hop_length: usize,
+    #[serde(default = "default_decoder")]
+    decoder: String,
+    #[serde(default)]
+    encoder: Option<String>,
+}
+
+fn default_rate() -> u32 {
+    CODEC_SAMPLE_RATE
+}
+fn default_hop() -> usize {
+    CODEC_HOP
+}
+fn default_decoder() -> String {
+    "model.onnx".into()
+}
+
+impl CodecPackage {
+    /// Loads `dir/codec.json` (optional: defaults are NeuCodec's) and checks the files exist.
+    pub fn load(dir: &Path) -> Result<Self, PackageError> {
+        if !dir.is_dir() {
+            return Err(PackageError::Missing {
+                path: dir.to_path_buf(),
+                what: "the NeuCodec decoder package directory",
+            });
+        }
+        let json_path = dir.join("codec.json");
+        let cfg: CodecJson = if json_path.exists() {
+            read_json(&json_path, "codec.json")?
+        } else {
+            CodecJson {
+                sample_rate: default_rate(),
+                hop_length: default_hop(),
+                decoder: default_decoder(),
+                encoder: None,
+            }
+        };
+        if cfg.sample_rate != CODEC_SAMPLE_RATE || cfg.hop_length != CODEC_HOP {
+            return Err(PackageError::Invalid {
+                path: json_path,
+                msg: format!(
+                    "NeuCodec runs at {CODEC_SAMPLE_RATE} Hz with hop {CODEC_HOP}; this says {} Hz, hop {}",
+                    cfg.sample_rate, cfg.hop_length
+                ),
+            });
+        }
+        let decoder = dir.join(&cfg.decoder);
+        if !decoder.is_file() {
+            return Err(PackageError::Missing {
+                path: decoder,
+                what: "the NeuCodec decoder ONNX model",
+            });
+        }
+        let encoder = cfg.encoder.map(|e| dir.join(e));
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            decoder,
+            encoder,
+            sample_rate: cfg.sample_rate,
+            hop_length: cfg.hop_length,
+        })
+    }
+}
+
+/// A loaded, validated backbone package.
+#[derive(Debug, Clone)]
+pub struct ModelPackage {
+    pub dir: PathBuf,
+    pub genai: GenaiConfig,
+    pub decoder_path: PathBuf,
+    pub tokenizer: Tokenizer,
+    pub vocab: SpeechVocab,
+    /// Stop ids: `<|SPEECH_GENERATION_END|>` first, then the config's eos ids.
+    pub stop_ids: Vec<u32>,
+    pub input_format: InputFormat,
+    pub codec: CodecPackage,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct HfConfig {
+    #[serde(default)]
+    neuphonic: Option<NeuphonicSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct NeuphonicSection {
+    #[serde(default)]
+    input_format: Option<String>,
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &'static str,
+) -> Result<T, PackageError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            PackageError::Missing {
+                path: path.to_path_buf(),
+                what,
+            }
+        } else {
+            PackageError::Invalid {
+                path: path.to_path_buf(),
+                msg: format!("cannot read: {e}"),
+            }
+        }
+    })?;
+    serde_json::from_str(&text).map_err(|e| PackageError::BadJson {
+        path: path.to_path_buf(),
+        what,
+        err: e.to_string(),
+    })
+}
+
+impl ModelPackage {
+    /// Loads the package in `dir`; the codec package is `codec_dir` or `dir/codec`.
+    pub fn load(dir: &Path, codec_dir: Option<&Path>) -> Result<Self, PackageError> {
+        if !dir.is_dir() {
+            return Err(PackageError::Missing {
+                path: dir.to_path_buf(),
+                what: "the model package directory",
+            });
+        }
+        let config_path = dir.join("genai_config.json");
+        let genai: GenaiConfig =
+            read_json(&config_path, "genai_config.json (onnxruntime-genai schema)")?;
+        genai.validate().map_err(|msg| PackageError::Invalid {
+            path: config_path.clone(),
+            msg,
+        })?;
+        let decoder_path = dir.join(&genai.model.decoder.filename);
+        if !decoder_path.is_file() {
+            return Err(PackageError::Missing {
+                path: decoder_path,
+                what: "the decoder ONNX model named by genai_config.json model.decoder.filename",
+            });
+        }
+
+        let tok_path = dir.join("tokenizer.json");
+        if !tok_path.is_file() {
+            return Err(PackageError::Missing {
+                path: tok_path,
+                what: "tokenizer.json (Hugging Face tokenizers format)",
+            });
+        }
+        let tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| PackageError::Invalid {
+            path: tok_path.clone(),
+            msg: format!("not a loadable tokenizer: {e}"),
+        })?;
+        let vocab = SpeechVocab::from_tokenizer(&tokenizer).map_err(|err| PackageError::Vocab {
+            path: tok_path.clone(),
+            err,
+        })?;
+        let tok_size = tokenizer.get_vocab_size(true);
+        if genai.model.vocab_size < tok_size
+            || (vocab.speech_end_exclusive() as usize) > genai.model.vocab_size
+        {
+            return Err(PackageError::Invalid {
+                path: config_path,
+                msg: format!(
+                    "model.vocab_size is {} but the tokenizer has {tok_size} tokens (speech ids up to {}): the logits would not cover them",
+                    genai.model.vocab_size,
+                    vocab.speech_end_exclusive() - 1
+                ),
+            });
+        }
+
+        let mut stop_ids = vec![vocab.end];
+        for id in genai.model.eos_token_id.to_vec() {
+            if !stop_ids.contains(&id) {
+                stop_ids.push(id);
+            }
+        }
+
+        let hf_path = dir.join("config.json");
+        let input_format = if hf_path.exists() {
+            let hf: HfConfig = read_json(&hf_path, "config.json")?;
+            match hf.neuphonic.and_then(|n| n.input_format) {
+                Some(f) => f.parse().map_err(|e: String| PackageError::Invalid {
+                    path: hf_path.clone(),
+                    msg: format!("neuphonic.input_format: {e}"),
+                })?,
+                None => InputFormat::Phonemes,
+            }
+        } else {
+            InputFormat::Phonemes
+        };
+
+        let codec_dir = codec_dir
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| dir.join("codec"));
+        let codec = CodecPackage::load(&codec_dir)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            genai,
+            decoder_path,
+            tokenizer,
+            vocab,
+            stop_ids,
+            input_format,
+            codec,
+        })
+    }
+
+    /// A human summary for `models check`.
+    pub fn summary(&self) -> String {
+        let m = &self.genai.model;
+        let d = &m.decoder;
+        let providers = d.session_options.providers();
+        format!(
+            "package      {}\n\
+             model        {} ({} layers, hidden {}, {} heads / {} KV heads, head size {})\n\
+             decoder      {}\n\
+             context      {} tokens (budget {} per sequence{})\n\
+             vocab        {} logits; tokenizer {} tokens\n\
+             speech ids   {}..{} ({} codes), end {}\n\
+             stop ids     {:?}\n\
+             input format {}\n\
+             providers    {}\n\
+             codec        {} ({} Hz, hop {})",
+            self.dir.display(),
+            m.model_type,
+            d.num_hidden_layers,
+            d.hidden_size,
+            d.num_attention_heads,
+            d.num_key_value_heads,
+            d.head_size,
+            self.decoder_path.display(),
+            m.context_length,
+            self.genai.token_budget(),
+            if self.genai.search.past_present_share_buffer {
+                ", shared KV buffer"
+            } else {
+                ""
+            },
+            m.vocab_size,
+            self.tokenizer.get_vocab_size(true),
+            self.vocab.first,
+            self.vocab.speech_end_exclusive() - 1,
+            SPEECH_CODES,
+            self.vocab.end,
+            self.stop_ids,
+            self.input_format,
+            if providers.is_empty() {
+                "cpu (none declared)".to_owned()
+            } else {
+                providers.join(", ")
+            },
+            self.codec.decoder.display(),
+            self.codec.sample_rate,
+            self.codec.hop_length,
+        )
+    }
+}

@@ -1,0 +1,118 @@
+//! The NeuTTS prompt: text parts and reference codes -> token ids, exactly as the vendor's
+//! `_apply_chat_template` builds them (../shared/golden/prompts.json decides any doubt).
+//!
+//! This stage takes text that the front end already prepared (phonemes for the "phonemes" format,
+//! normalised text for "BPE"); it only tokenizes and splices.
+
+use std::fmt;
+use std::str::FromStr;
+
+use tokenizers::Tokenizer;
+
+use crate::package::SpeechVocab;
+
+/// How a model wants its text: NeuTTS-air reads phonemes, newer NeuTTS models read BPE text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InputFormat {
+    #[default]
+    Phonemes,
+    Bpe,
+}
+
+impl FromStr for InputFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "phonemes" => Ok(Self::Phonemes),
+            "bpe" => Ok(Self::Bpe),
+            _ => Err(format!(
+                "unknown input format {s:?} (supported: phonemes, bpe)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for InputFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Phonemes => "phonemes",
+            Self::Bpe => "bpe",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    #[error("tokenizer: {0}")]
+    Tokenize(String),
+    #[error("reference code {0} is outside 0..65535")]
+    CodeOutOfRange(u32),
+    #[error("emotion tokens are only read by BPE-format models")]
+    EmotionNeedsBpe,
+    #[error("the model has no emotion token {0}")]
+    UnknownEmotion(String),
+}
+
+/// What goes into one prompt. `ref_text` and `text` are already in the model's input format.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptInput<'a> {
+    pub format: InputFormat,
+    pub ref_text: &'a str,
+    pub text: &'a str,
+    pub ref_codes: &'a [u32],
+    /// An emotion name ("happy" -> `<|HAPPY|>`), BPE models only.
+    pub emotion: Option<&'a str>,
+}
+
+fn encode(tok: &Tokenizer, text: &str) -> Result<Vec<u32>, PromptError> {
+    tok.encode(text, false)
+        .map(|e| e.get_ids().to_vec())
+        .map_err(|e| PromptError::Tokenize(e.to_string()))
+}
+
+/// Builds the prompt ids; generation continues right after the last reference code.
+pub fn build(
+    tok: &Tokenizer,
+    vocab: &SpeechVocab,
+    input: &PromptInput<'_>,
+) -> Result<Vec<u32>, PromptError> {
+    let mut ids = Vec::with_capacity(input.ref_codes.len() + 64 + input.text.len());
+    match input.format {
+        InputFormat::Phonemes => {
+            if input.emotion.is_some() {
+                return Err(PromptError::EmotionNeedsBpe);
+            }
+            // The vendor splits its template at the special markers; text between special tokens
+            // tokenizes the same alone as in the whole string.
+            ids.extend(encode(tok, "user: Convert the text to speech:")?);
+            ids.push(vocab.text_prompt_start);
+            ids.extend(encode(tok, &format!("{} {}", input.ref_text, input.text))?);
+            ids.push(vocab.text_prompt_end);
+            ids.extend(encode(tok, "\nassistant:")?);
+        }
+        InputFormat::Bpe => {
+            ids.push(vocab.text_prompt_start);
+            match input.emotion {
+                None => ids.extend(encode(tok, &format!("{} {}", input.ref_text, input.text))?),
+                Some(emotion) => {
+                    let token = format!("<|{}|>", emotion.to_uppercase());
+                    let id = tok
+                        .token_to_id(&token)
+                        .ok_or(PromptError::UnknownEmotion(token))?;
+                    ids.extend(encode(tok, input.ref_text)?);
+                    ids.push(id);
+                    ids.extend(encode(tok, input.text)?);
+                }
+            }
+            ids.push(vocab.text_prompt_end);
+        }
+    }
+    ids.push(vocab.generation_start);
+    for &code in input.ref_codes {
+        if code >= crate::package::SPEECH_CODES {
+            return Err(PromptError::CodeOutOfRange(code));
+        }
+        ids.push(vocab.code_to_id(code));
+    }
+    Ok(ids)
+}

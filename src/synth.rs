@@ -1,0 +1,335 @@
+//! The one path from text to audio. The CLI `say`, the server and `bench` all call
+//! [`Synthesizer::synthesize`]; each stage's timing is reported through [`StageTimings`].
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use crate::codec::{CodecDecoder, CodecError};
+use crate::engine::{
+    self, Backbone, CancelToken, Candidates, EngineError, GenerationParams, OrtOptions, StopReason,
+};
+use crate::metrics::StageTimings;
+use crate::package::{ModelPackage, SPEECH_CODES};
+use crate::prompt::{self, InputFormat, PromptError, PromptInput};
+use crate::text::{self, Language, Phonemizer, TextError};
+use crate::voice::{Voice, VoiceError, VoiceStore};
+
+/// Longest input text accepted by default, in characters.
+pub const DEFAULT_MAX_INPUT_CHARS: usize = 20_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error(transparent)]
+    Text(#[from] TextError),
+    #[error(transparent)]
+    Voice(#[from] VoiceError),
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error("the input has {got} characters; the limit is {limit} (max_input_chars)")]
+    InputTooLong { got: usize, limit: usize },
+    #[error("the input text is empty")]
+    EmptyInput,
+    #[error("the engine is unavailable: a previous request panicked inside it")]
+    Poisoned,
+}
+
+/// How to build a [`Synthesizer`].
+#[derive(Debug, Clone, Default)]
+pub struct SynthConfig {
+    pub package_dir: PathBuf,
+    pub codec_dir: Option<PathBuf>,
+    pub ort_lib: Option<PathBuf>,
+    pub voice_dirs: Vec<PathBuf>,
+    pub ort: OrtOptions,
+    pub codec_threads: Option<usize>,
+    /// 0 means [`DEFAULT_MAX_INPUT_CHARS`].
+    pub max_input_chars: usize,
+}
+
+/// One request.
+#[derive(Debug, Clone, Default)]
+pub struct SpeechRequest {
+    pub text: String,
+    pub voice: String,
+    /// Defaults to the voice's language.
+    pub language: Option<Language>,
+    /// Defaults to the package's input format.
+    pub input_format: Option<InputFormat>,
+    pub emotion: Option<String>,
+    pub generation: GenerationParams,
+}
+
+/// What the caller sees while a request runs.
+#[derive(Debug)]
+pub enum SynthEvent<'a> {
+    /// The prompt is built; `estimated_codes` is a guess from the phoneme count for progress bars.
+    Started {
+        prompt_tokens: usize,
+        estimated_codes: usize,
+    },
+    /// One more code was generated.
+    Code { index: usize, code: u32 },
+    /// 24 kHz mono samples, in order.
+    Audio(&'a [f32]),
+}
+
+/// What one request produced.
+#[derive(Debug, Clone)]
+pub struct SynthesisReport {
+    pub codes: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub seed: u64,
+    pub stop: StopReason,
+    pub samples: usize,
+    pub sample_rate: u32,
+    pub timings: StageTimings,
+}
+
+impl SynthesisReport {
+    pub fn audio_seconds(&self) -> f64 {
+        self.samples as f64 / f64::from(self.sample_rate)
+    }
+}
+
+/// Text to prompt ids: the package's tokenizer, the voices and the phonemizer. Needs no runtime,
+/// so `onebit-tts prompt` can use it alone.
+pub struct FrontEnd {
+    pkg: ModelPackage,
+    phonemizer: OnceLock<Result<Phonemizer, String>>,
+    voices: VoiceStore,
+    max_input_chars: usize,
+}
+
+impl FrontEnd {
+    pub fn new(pkg: ModelPackage, voices: VoiceStore, max_input_chars: usize) -> Self {
+        Self {
+            pkg,
+            phonemizer: OnceLock::new(),
+            voices,
+            max_input_chars: if max_input_chars == 0 {
+                DEFAULT_MAX_INPUT_CHARS
+            } else {
+                max_input_chars
+            },
+        }
+    }
+
+    /// Loads the package and voices a config names.
+    pub fn load(cfg: &SynthConfig) -> Result<Self, crate::Error> {
+        let pkg = ModelPackage::load(&cfg.package_dir, cfg.codec_dir.as_deref())?;
+        let voices = VoiceStore::open(&cfg.voice_dirs)?;
+        Ok(Self::new(pkg, voices, cfg.max_input_chars))
+    }
+
+    pub fn package(&self) -> &ModelPackage {
+        &self.pkg
+    }
+
+    pub fn voices(&self) -> &VoiceStore {
+        &self.voices
+    }
+
+    fn phonemizer(&self) -> Result<&Phonemizer, TextError> {
+        self.phonemizer
+            .get_or_init(|| Phonemizer::discover().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| TextError::Unavailable(e.clone()))
+    }
+
+    /// Text in the model's input format for one piece of text.
+    fn prepare_text(
+        &self,
+        text: &str,
+        format: InputFormat,
+        lang: Language,
+    ) -> Result<String, TextError> {
+        match format {
+            InputFormat::Phonemes => {
+                let clean = text::normalize(text)?;
+                self.phonemizer()?.phonemize(&clean, lang)
+            }
+            InputFormat::Bpe => text::normalize_bpe(text),
+        }
+    }
+
+    /// The prompt ids for a request, the prepared text (phonemes or normalised text) and the voice.
+    pub fn build_prompt(
+        &self,
+        req: &SpeechRequest,
+    ) -> Result<(Vec<u32>, String, &Voice), SynthError> {
+        let chars = req.text.chars().count();
+        if chars > self.max_input_chars {
+            return Err(SynthError::InputTooLong {
+                got: chars,
+                limit: self.max_input_chars,
+            });
+        }
+        if req.text.trim().is_empty() {
+            return Err(SynthError::EmptyInput);
+        }
+        let voice = self.voices.get(&req.voice)?;
+        let lang = match req.language {
+            Some(l) => l,
+            None => voice.language.parse()?,
+        };
+        let format = req.input_format.unwrap_or(self.pkg.input_format);
+        let ref_text = self.prepare_text(&voice.transcript, format, lang)?;
+        let text = self.prepare_text(&req.text, format, lang)?;
+        let ids = prompt::build(
+            &self.pkg.tokenizer,
+            &self.pkg.vocab,
+            &PromptInput {
+                format,
+                ref_text: &ref_text,
+                text: &text,
+                ref_codes: &voice.codes,
+                emotion: req.emotion.as_deref(),
+            },
+        )?;
+        Ok((ids, text, voice))
+    }
+}
+
+/// The loaded model, codec and voices; shared by every request.
+pub struct Synthesizer {
+    front: FrontEnd,
+    backbone: Mutex<Box<dyn Backbone>>,
+    codec: Mutex<CodecDecoder>,
+    candidates: Candidates,
+}
+
+impl Synthesizer {
+    pub fn load(cfg: &SynthConfig) -> Result<Self, crate::Error> {
+        let front = FrontEnd::load(cfg)?;
+        let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
+        let backbone = engine::OrtBackbone::load(env, front.package(), &cfg.ort)?;
+        let codec = CodecDecoder::load(env, &front.package().codec, cfg.codec_threads)?;
+        Ok(Self::from_parts(front, Box::new(backbone), codec))
+    }
+
+    /// Assembles a synthesizer from loaded parts (other backbones, tests).
+    pub fn from_parts(front: FrontEnd, backbone: Box<dyn Backbone>, codec: CodecDecoder) -> Self {
+        let pkg = front.package();
+        let candidates = Candidates {
+            speech_first: pkg.vocab.first,
+            speech_count: SPEECH_CODES,
+            stop_ids: pkg.stop_ids.clone(),
+        };
+        Self {
+            front,
+            backbone: Mutex::new(backbone),
+            codec: Mutex::new(codec),
+            candidates,
+        }
+    }
+
+    pub fn front_end(&self) -> &FrontEnd {
+        &self.front
+    }
+
+    pub fn package(&self) -> &ModelPackage {
+        self.front.package()
+    }
+
+    pub fn voices(&self) -> &VoiceStore {
+        self.front.voices()
+    }
+
+    pub fn candidates(&self) -> &Candidates {
+        &self.candidates
+    }
+
+    pub fn engine_description(&self) -> String {
+        self.backbone
+            .lock()
+            .map(|b| b.describe())
+            .unwrap_or_else(|_| "unavailable".into())
+    }
+
+    /// Synthesises one request. `sink` sees progress and audio in order and may stop the request.
+    pub fn synthesize(
+        &self,
+        req: &SpeechRequest,
+        cancel: &CancelToken,
+        sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<SynthesisReport, SynthError> {
+        let t0 = Instant::now();
+        let mut timings = StageTimings::default();
+        let (ids, text, voice) = self.front.build_prompt(req)?;
+        timings.front_end = t0.elapsed();
+        // Speaking rate of this voice: codes per character of its transcript.
+        let ref_chars = voice.transcript.chars().count().max(1);
+        let estimated_codes = (text.chars().count() * voice.codes.len()).div_ceil(ref_chars);
+        if sink(SynthEvent::Started {
+            prompt_tokens: ids.len(),
+            estimated_codes,
+        })
+        .is_break()
+        {
+            cancel.cancel();
+        }
+
+        let generation = {
+            let mut backbone = self.backbone.lock().map_err(|_| SynthError::Poisoned)?;
+            let mut index = 0;
+            engine::generate(
+                backbone.as_mut(),
+                &self.candidates,
+                &ids,
+                &req.generation,
+                cancel,
+                &mut |code| {
+                    let flow = sink(SynthEvent::Code { index, code });
+                    index += 1;
+                    flow
+                },
+            )?
+        };
+        timings.prefill = generation.prefill;
+        timings.decode = generation.decode;
+
+        let t_codec = Instant::now();
+        let samples = {
+            let mut codec = self.codec.lock().map_err(|_| SynthError::Poisoned)?;
+            codec.decode(&generation.codes)?
+        };
+        timings.codec = t_codec.elapsed();
+        if !samples.is_empty() && generation.stop != StopReason::Cancelled {
+            timings.first_audio = Some(t0.elapsed());
+            let _ = sink(SynthEvent::Audio(&samples));
+        }
+        timings.total = t0.elapsed();
+        Ok(SynthesisReport {
+            prompt_tokens: generation.prompt_tokens,
+            seed: generation.seed,
+            stop: generation.stop,
+            samples: samples.len(),
+            sample_rate: self.package().codec.sample_rate,
+            codes: generation.codes,
+            timings,
+        })
+    }
+}
+
+/// Resolves a model directory given on the command line or by default: an existing path as given,
+/// else relative to the checkout that holds `.onebit` (so the binary works from any directory).
+pub fn resolve_dir(p: &Path) -> PathBuf {
+    if p.is_absolute() || p.exists() {
+        return p.to_path_buf();
+    }
+    for home in crate::paths::onebit_homes() {
+        if let Some(repo) = home.parent() {
+            let cand = repo.join(p);
+            if cand.exists() {
+                return cand;
+            }
+        }
+    }
+    p.to_path_buf()
+}

@@ -1,0 +1,209 @@
+//! Voices: reference codes plus their exact transcript and language.
+//!
+//! A voice is one JSON file `NAME.json` in a voice directory (the repo's `voices/`, a user
+//! directory given by flag or `ONEBIT_VOICES`). Files are validated when the store is opened, so a
+//! bad voice is reported once with its path, not on every request.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::package::SPEECH_CODES;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VoiceError {
+    #[error("unknown voice {name:?}; known voices: {}", if .known.is_empty() { "none (import one with `onebit-tts voices import`)".to_owned() } else { .known.join(", ") })]
+    Unknown { name: String, known: Vec<String> },
+    #[error("{}: {msg}", .path.display())]
+    Invalid { path: PathBuf, msg: String },
+    #[error(
+        "invalid voice name {0:?}: use 1-64 letters, digits, '-' or '_', starting with a letter or digit"
+    )]
+    BadName(String),
+}
+
+/// One reference voice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Voice {
+    pub name: String,
+    /// espeak language code: en-us, de, fr-fr, es.
+    pub language: String,
+    pub transcript: String,
+    pub codes: Vec<u32>,
+    #[serde(default)]
+    pub source: String,
+    #[serde(default)]
+    pub license: String,
+}
+
+impl Voice {
+    /// Reference length in seconds (50 codes per second).
+    pub fn seconds(&self) -> f32 {
+        self.codes.len() as f32 / 50.0
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        validate_name(&self.name).map_err(|e| e.to_string())?;
+        if self.transcript.trim().is_empty() {
+            return Err("the transcript is empty".into());
+        }
+        if self.codes.is_empty() {
+            return Err("the voice has no codes".into());
+        }
+        if let Some((i, c)) = self
+            .codes
+            .iter()
+            .enumerate()
+            .find(|(_, c)| **c >= SPEECH_CODES)
+        {
+            return Err(format!("code {c} at index {i} is outside 0..65535"));
+        }
+        Ok(())
+    }
+}
+
+/// Voice names become file names: no path tricks.
+pub fn validate_name(name: &str) -> Result<(), VoiceError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(VoiceError::BadName(name.to_owned()))
+    }
+}
+
+/// All voices found in the given directories; a later directory's voice of the same name wins.
+#[derive(Debug, Clone, Default)]
+pub struct VoiceStore {
+    voices: BTreeMap<String, (Voice, PathBuf)>,
+    dirs: Vec<PathBuf>,
+}
+
+impl VoiceStore {
+    /// Reads every `*.json` voice in `dirs` (missing directories are skipped). A file that is not a
+    /// valid voice is an error naming it.
+    pub fn open(dirs: &[PathBuf]) -> Result<Self, VoiceError> {
+        let mut store = Self {
+            voices: BTreeMap::new(),
+            dirs: dirs.to_vec(),
+        };
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            let mut files: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect();
+            files.sort();
+            for path in files {
+                let voice = read_voice(&path)?;
+                store.voices.insert(voice.name.clone(), (voice, path));
+            }
+        }
+        Ok(store)
+    }
+
+    pub fn get(&self, name: &str) -> Result<&Voice, VoiceError> {
+        self.voices
+            .get(name)
+            .map(|(v, _)| v)
+            .ok_or_else(|| VoiceError::Unknown {
+                name: name.to_owned(),
+                known: self.names(),
+            })
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.voices.keys().cloned().collect()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Voice, &Path)> {
+        self.voices.values().map(|(v, p)| (v, p.as_path()))
+    }
+
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+}
+
+/// Reads and validates one voice file; its name must match the file stem.
+pub fn read_voice(path: &Path) -> Result<Voice, VoiceError> {
+    let invalid = |msg: String| VoiceError::Invalid {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| invalid(format!("cannot read: {e}")))?;
+    let voice: Voice =
+        serde_json::from_str(&text).map_err(|e| invalid(format!("not a voice file: {e}")))?;
+    voice.validate().map_err(invalid)?;
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if stem != voice.name {
+        return Err(invalid(format!(
+            "the file is named {stem:?} but the voice inside is {:?}",
+            voice.name
+        )));
+    }
+    Ok(voice)
+}
+
+/// The default voice directories: `$ONEBIT_VOICES` (colon-separated) and the repo's `voices/`
+/// beside the current directory or the executable's checkout.
+pub fn default_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for home in crate::paths::onebit_homes() {
+        if let Some(repo) = home.parent() {
+            let d = repo.join("voices");
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    if let Some(v) = std::env::var_os("ONEBIT_VOICES") {
+        dirs.extend(std::env::split_paths(&v));
+    }
+    dirs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_reject_path_tricks() {
+        for bad in ["../x", "a/b", "", ".hidden", "a b", "x\0", &"a".repeat(65)] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+        for good in ["dave", "Jo-2", "my_voice"] {
+            assert!(validate_name(good).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn voice_validation_names_the_problem() {
+        let mut v = Voice {
+            name: "t".into(),
+            language: "en-us".into(),
+            transcript: "hi".into(),
+            codes: vec![1, 65_536],
+            source: String::new(),
+            license: String::new(),
+        };
+        assert_eq!(
+            v.validate().unwrap_err(),
+            "code 65536 at index 1 is outside 0..65535"
+        );
+        v.codes = vec![1];
+        v.transcript = "  ".into();
+        assert_eq!(v.validate().unwrap_err(), "the transcript is empty");
+    }
+}

@@ -1,0 +1,176 @@
+//! The `onebit-tts` binary end to end: real child processes on the generated package.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn cli(args: &[&str]) -> Output {
+    Command::new(common::bin())
+        .args(args)
+        .current_dir(common::repo())
+        .env_remove("ONEBIT_MODEL")
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The one `error:` line a failing command prints.
+fn error_line(o: &Output) -> String {
+    assert!(
+        !o.status.success(),
+        "expected failure, got success: {}",
+        stderr(o)
+    );
+    let err = stderr(o);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "exactly one error line: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    lines[0].to_owned()
+}
+
+fn wav_len(path: &Path) -> (u32, u32, usize) {
+    let r = hound::WavReader::open(path).unwrap();
+    let s = r.spec();
+    (s.sample_rate, u32::from(s.channels), r.len() as usize)
+}
+
+#[test]
+fn say_writes_a_wav_of_480_samples_per_code() {
+    let exp = common::expect("tiny");
+    let out = common::tempdir("say").join("out.wav");
+    let model = common::model("tiny");
+    let o = cli(&[
+        "say",
+        "-q",
+        "--model",
+        model.to_str().unwrap(),
+        "--voice",
+        "test",
+        "--temperature",
+        "0",
+        "-o",
+        out.to_str().unwrap(),
+        "Hello world, this is a test.",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let codes = exp["test_voice_greedy_codes"].as_u64().unwrap() as usize;
+    assert_eq!(wav_len(&out), (24_000, 1, codes * 480));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("{codes} codes")) && err.contains("codes/s") && err.contains("RTF"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sampled_say_length_matches_its_reported_codes() {
+    let out = common::tempdir("say-sampled").join("out.wav");
+    let model = common::model("tiny-random");
+    let o = cli(&[
+        "say",
+        "--model",
+        model.to_str().unwrap(),
+        "--voice",
+        "test",
+        "--seed",
+        "5",
+        "--max-new-tokens",
+        "77",
+        "-o",
+        out.to_str().unwrap(),
+        "Sampling run.",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let codes: usize = err
+        .split(" codes,")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no code count in {err}"));
+    assert!(codes > 0 && codes <= 77);
+    assert_eq!(wav_len(&out).2, codes * 480);
+}
+
+#[test]
+fn unknown_voice_lists_the_known_ones() {
+    let model = common::model("tiny");
+    let o = cli(&[
+        "say",
+        "-q",
+        "--model",
+        model.to_str().unwrap(),
+        "--voice",
+        "nobody",
+        "hi",
+    ]);
+    let line = error_line(&o);
+    assert!(
+        line.contains("unknown voice \"nobody\"") && line.contains("test"),
+        "{line}"
+    );
+}
+
+#[test]
+fn empty_text_is_refused() {
+    let model = common::model("tiny");
+    for text in ["", "   \n\t "] {
+        let o = cli(&[
+            "say",
+            "-q",
+            "--model",
+            model.to_str().unwrap(),
+            "--voice",
+            "test",
+            text,
+        ]);
+        let line = error_line(&o);
+        assert!(line.contains("empty"), "{line}");
+    }
+}
+
+#[test]
+fn broken_packages_are_one_line_errors() {
+    let dir = common::tempdir("cli-broken");
+    common::copy_dir(&common::model("tiny"), &dir);
+    std::fs::write(dir.join("genai_config.json"), "not json").unwrap();
+    let o = cli(&[
+        "say",
+        "-q",
+        "--model",
+        dir.to_str().unwrap(),
+        "--voice",
+        "test",
+        "hi",
+    ]);
+    assert!(error_line(&o).contains("genai_config.json"));
+    let o = cli(&["models", "check", dir.to_str().unwrap()]);
+    assert!(error_line(&o).contains("not valid JSON"));
+    let missing = dir.join("nope");
+    let o = cli(&[
+        "say",
+        "-q",
+        "--model",
+        missing.to_str().unwrap(),
+        "--voice",
+        "test",
+        "hi",
+    ]);
+    assert!(error_line(&o).contains("missing"));
+}
+
+#[test]
+fn models_check_prints_the_summary() {
+    let model = common::model("tiny");
+    let o = cli(&["models", "check", model.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains("speech ids") && s.contains("65536 codes") && s.contains("24000 Hz"),
+        "{s}"
+    );
+}

@@ -1,0 +1,344 @@
+//! The backbone engine on generated packages: exact greedy sequences, parity with
+//! onnxruntime-genai, both KV modes, the speech constraint, seeds, budget and failures.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::process::{Command, Stdio};
+
+use onebit_tts::engine::{
+    self, Backbone, CancelToken, Candidates, EngineError, GenerationParams, KvMode, OrtBackbone,
+    OrtOptions, SamplingParams, StopReason,
+};
+use onebit_tts::package::{ModelPackage, SPEECH_CODES};
+
+fn load(name: &str, kv: KvMode) -> (ModelPackage, OrtBackbone) {
+    let pkg = ModelPackage::load(&common::model(name), None).unwrap();
+    let env = onebit_tts::runtime::environment(None).unwrap();
+    let opts = OrtOptions {
+        kv_mode: Some(kv),
+        ..OrtOptions::default()
+    };
+    let b = OrtBackbone::load(env, &pkg, &opts).unwrap();
+    (pkg, b)
+}
+
+fn candidates(pkg: &ModelPackage) -> Candidates {
+    Candidates {
+        speech_first: pkg.vocab.first,
+        speech_count: SPEECH_CODES,
+        stop_ids: pkg.stop_ids.clone(),
+    }
+}
+
+fn greedy(min_new: usize, max_new: Option<usize>) -> GenerationParams {
+    GenerationParams {
+        sampling: SamplingParams::greedy(),
+        min_new_tokens: min_new,
+        max_new_tokens: max_new,
+    }
+}
+
+/// Prompts of text ids, specials and speech codes, ending in a speech code.
+fn prompts(pkg: &ModelPackage) -> Vec<Vec<u32>> {
+    let v = &pkg.vocab;
+    let text: Vec<u32> = pkg
+        .tokenizer
+        .encode("hello wörld, ðə kwˈɪk bɹˈaʊn fˈɑːks", false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let mut out = Vec::new();
+    for (n_codes, first_code) in [(5u32, 1000u32), (40, 20_000), (300, 65_400)] {
+        let mut p = vec![v.text_prompt_start];
+        p.extend(&text);
+        p.push(v.text_prompt_end);
+        p.push(v.generation_start);
+        p.extend((0..n_codes).map(|i| v.code_to_id((first_code + i * 7) % SPEECH_CODES)));
+        out.push(p);
+    }
+    out
+}
+
+fn run(
+    b: &mut dyn Backbone,
+    c: &Candidates,
+    prompt: &[u32],
+    p: &GenerationParams,
+) -> engine::Generation {
+    engine::generate(b, c, prompt, p, &CancelToken::new(), &mut |_| {
+        ControlFlow::Continue(())
+    })
+    .unwrap()
+}
+
+#[test]
+fn chain_model_greedy_codes_are_exact_in_both_kv_modes() {
+    let exp = common::expect("tiny");
+    let end_after = exp["end_after_code"].as_u64().unwrap() as u32;
+    for kv in [KvMode::Growing, KvMode::Shared] {
+        let (pkg, mut b) = load("tiny", kv);
+        let c = candidates(&pkg);
+        for prompt in prompts(&pkg) {
+            let last = pkg.vocab.id_to_code(*prompt.last().unwrap()).unwrap();
+            let g = run(&mut b, &c, &prompt, &greedy(0, Some(2000)));
+            let want: Vec<u32> = (1..)
+                .map(|i| (last + i) % SPEECH_CODES)
+                .take_while(|&x| x != (end_after + 1) % SPEECH_CODES)
+                .collect();
+            let want: Vec<u32> = want.into_iter().take(2000).collect();
+            if want.len() < 2000 {
+                assert_eq!(g.stop, StopReason::Stop(pkg.vocab.end), "{kv:?}");
+            }
+            assert_eq!(g.codes, want, "{kv:?} prompt of {} tokens", prompt.len());
+        }
+    }
+}
+
+#[test]
+fn min_new_tokens_masks_the_end_and_the_chain_continues() {
+    let exp = common::expect("tiny");
+    let end_after = exp["end_after_code"].as_u64().unwrap() as u32;
+    let (pkg, mut b) = load("tiny", KvMode::Growing);
+    let c = candidates(&pkg);
+    let start = end_after - 10;
+    let prompt = vec![pkg.vocab.generation_start, pkg.vocab.code_to_id(start)];
+    let g = run(&mut b, &c, &prompt, &greedy(0, Some(100)));
+    assert_eq!(g.codes, (start + 1..=end_after).collect::<Vec<_>>());
+    assert_eq!(g.stop, StopReason::Stop(pkg.vocab.end));
+    let g = run(&mut b, &c, &prompt, &greedy(20, Some(20)));
+    assert_eq!(g.codes, (start + 1..=start + 20).collect::<Vec<_>>());
+    assert_eq!(g.stop, StopReason::Length);
+}
+
+fn oga(
+    model: &str,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    stops: &[u32],
+    share: bool,
+) -> Vec<Vec<u32>> {
+    let py = common::repo().join(".onebit/venv/bin/python");
+    assert!(
+        py.exists(),
+        "run scripts/setup.sh (installs onnxruntime-genai into .onebit/venv)"
+    );
+    let mut child = Command::new(py)
+        .arg(common::repo().join("tests/python/oga_generate.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let req = serde_json::json!({"model": common::model(model), "prompts": prompts, "max_new": max_new,
+        "stop_ids": stops, "share_buffer": share});
+    serde_json::to_writer(child.stdin.take().unwrap(), &req).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "oga_generate.py failed");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_value(v["outputs"].clone()).unwrap()
+}
+
+#[test]
+fn greedy_codes_equal_onnxruntime_genai_token_for_token() {
+    for model in ["tiny-random", "tiny"] {
+        let (pkg, _) = load(model, KvMode::Growing);
+        let ps = prompts(&pkg);
+        let max_new = 150;
+        for share in [false, true] {
+            let reference = oga(model, &ps, max_new, &pkg.stop_ids, share);
+            for kv in [KvMode::Growing, KvMode::Shared] {
+                let (pkg, mut b) = load(model, kv);
+                let c = candidates(&pkg);
+                for (prompt, want) in ps.iter().zip(&reference) {
+                    let g = run(&mut b, &c, prompt, &greedy(0, Some(max_new)));
+                    let mut ids: Vec<u32> =
+                        g.codes.iter().map(|&x| pkg.vocab.code_to_id(x)).collect();
+                    if let StopReason::Stop(id) = g.stop {
+                        ids.push(id);
+                    }
+                    assert_eq!(
+                        &ids, want,
+                        "{model}: ours {kv:?} vs onnxruntime-genai share_buffer={share}"
+                    );
+                    assert!(ids.len() >= 20, "the comparison must cover many steps");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn text_tokens_are_never_emitted_even_when_they_win_the_raw_argmax() {
+    let exp = common::expect("tiny");
+    let end_after = exp["end_after_code"].as_u64().unwrap() as u32;
+    let (pkg, mut b) = load("tiny-textbias", KvMode::Growing);
+    let c = candidates(&pkg);
+    let prompt = vec![pkg.vocab.generation_start, pkg.vocab.code_to_id(100)];
+    // The raw argmax of the first step is not a speech id or a stop id.
+    let logits = b.append(&prompt).unwrap().to_vec();
+    let raw = logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap()
+        .0 as u32;
+    assert!(
+        pkg.vocab.id_to_code(raw).is_none() && !pkg.stop_ids.contains(&raw),
+        "raw argmax {raw}"
+    );
+    let g = run(&mut b, &c, &prompt, &greedy(0, Some(200)));
+    assert_eq!(
+        g.codes,
+        (101..101 + 200)
+            .take_while(|&x| x <= end_after)
+            .collect::<Vec<_>>()
+    );
+    for seed in 0..3 {
+        let p = GenerationParams {
+            sampling: SamplingParams {
+                seed: Some(seed),
+                ..SamplingParams::default()
+            },
+            min_new_tokens: 0,
+            max_new_tokens: Some(200),
+        };
+        let g = run(&mut b, &c, &prompt, &p);
+        assert!(g.codes.iter().all(|&x| x < SPEECH_CODES));
+        assert!(!g.codes.is_empty());
+    }
+}
+
+#[test]
+fn same_seed_same_codes_other_seed_other_codes() {
+    let (pkg, mut b) = load("tiny-random", KvMode::Growing);
+    let c = candidates(&pkg);
+    let prompt = &prompts(&pkg)[1];
+    let sampled = |b: &mut OrtBackbone, seed| {
+        let p = GenerationParams {
+            sampling: SamplingParams {
+                temperature: 1.0,
+                top_k: 50,
+                top_p: 1.0,
+                seed: Some(seed),
+            },
+            min_new_tokens: 0,
+            max_new_tokens: Some(60),
+        };
+        run(b, &c, prompt, &p).codes
+    };
+    let a = sampled(&mut b, 42);
+    assert_eq!(a, sampled(&mut b, 42));
+    assert_ne!(a, sampled(&mut b, 43));
+}
+
+#[test]
+fn a_prompt_over_the_budget_is_refused_before_any_work() {
+    let (pkg, mut b) = load("tiny", KvMode::Growing);
+    let c = candidates(&pkg);
+    let budget = b.budget();
+    let prompt = vec![pkg.vocab.code_to_id(1); budget + 5];
+    let err = engine::generate(
+        &mut b,
+        &c,
+        &prompt,
+        &greedy(0, None),
+        &CancelToken::new(),
+        &mut |_| ControlFlow::Continue(()),
+    )
+    .unwrap_err();
+    assert!(matches!(err, EngineError::PromptTooLong { .. }));
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&(budget + 5).to_string()) && msg.contains(&budget.to_string()),
+        "{msg}"
+    );
+    assert_eq!(b.len(), 0, "no token was run");
+}
+
+#[test]
+fn generation_stops_within_one_step_of_cancellation() {
+    let (pkg, mut b) = load("tiny-random", KvMode::Growing);
+    let c = candidates(&pkg);
+    let cancel = CancelToken::new();
+    let mut seen = 0;
+    let g = engine::generate(
+        &mut b,
+        &c,
+        &prompts(&pkg)[0],
+        &greedy(0, Some(500)),
+        &cancel,
+        &mut |_| {
+            seen += 1;
+            if seen == 7 {
+                cancel.cancel();
+            }
+            ControlFlow::Continue(())
+        },
+    )
+    .unwrap();
+    assert_eq!(g.stop, StopReason::Cancelled);
+    assert_eq!(g.codes.len(), 7);
+    let mut n = 0;
+    let g = engine::generate(
+        &mut b,
+        &c,
+        &prompts(&pkg)[0],
+        &greedy(0, Some(500)),
+        &CancelToken::new(),
+        &mut |_| {
+            n += 1;
+            if n == 3 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        },
+    )
+    .unwrap();
+    assert_eq!((g.stop, g.codes.len()), (StopReason::Cancelled, 3));
+}
+
+#[test]
+fn a_runtime_failure_mid_sequence_is_an_error_and_the_engine_recovers() {
+    for kv in [KvMode::Growing, KvMode::Shared] {
+        let (pkg, mut b) = load("tiny-random", kv);
+        let c = candidates(&pkg);
+        let p = &prompts(&pkg)[0];
+        let before = run(&mut b, &c, p, &greedy(0, Some(30))).codes;
+        b.reset();
+        b.append(p).unwrap();
+        // An id far outside the embedding table makes the Gather fail inside ONNX Runtime.
+        let err = b.append(&[50_000_000]).unwrap_err();
+        assert!(matches!(err, EngineError::Runtime(_)), "{err}");
+        assert_eq!(
+            run(&mut b, &c, p, &greedy(0, Some(30))).codes,
+            before,
+            "{kv:?}"
+        );
+    }
+}
+
+#[test]
+fn incremental_logits_equal_a_fresh_prefill() {
+    // The KV loop is right when step-by-step logits equal the logits of prefilling the whole
+    // sequence at once.
+    for kv in [KvMode::Growing, KvMode::Shared] {
+        let (pkg, mut b) = load("tiny-random", kv);
+        let mut seq = prompts(&pkg)[1].clone();
+        b.reset();
+        b.append(&seq).unwrap();
+        for i in 0..12u32 {
+            let next = pkg.vocab.code_to_id(i * 5000 + 3);
+            let step = b.append(&[next]).unwrap().to_vec();
+            seq.push(next);
+            let (_, mut fresh) = load("tiny-random", KvMode::Growing);
+            let full = fresh.append(&seq).unwrap();
+            let diff = step
+                .iter()
+                .zip(full)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(diff < 1e-3, "{kv:?} step {i}: max diff {diff}");
+        }
+    }
+}

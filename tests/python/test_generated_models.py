@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""Checks the model packages that tools/gen_models.py writes.
+
+    python tests/python/test_generated_models.py WORKDIR
+
+Generates the three tiny variants (chain, random, textbias) and the test voice into
+WORKDIR, then checks them with onnxruntime and onnxruntime-genai: I/O contract, greedy
+chain rule, END / runner-up, text bias, KV-cache sensitivity, parity between an
+ORT greedy loop and onnxruntime-genai (also with past_present_share_buffer=true),
+codec shapes, tokenizer, and that a second run is byte-identical.
+Prints "N passed, M failed" and exits non-zero on any failure. No pytest needed.
+"""
+
+import filecmp
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+import onnxruntime as ort
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GEN = os.path.join(ROOT, "tools", "gen_models.py")
+VARIANTS = ("chain", "random", "textbias")
+STEPS = 300
+
+passed = 0
+failed = 0
+
+
+def check(name, cond, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+        print("ok    %s" % name)
+    else:
+        failed += 1
+        print("FAIL  %s %s" % (name, detail))
+
+
+def run_case(name, fn):
+    try:
+        fn()
+    except Exception:
+        check(name, False, "raised:\n" + traceback.format_exc())
+
+
+def load_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def generate(out, variant, voice=None):
+    cmd = [sys.executable, GEN, "--out", out, "--variant", variant]
+    if voice:
+        cmd += ["--voice-out", voice]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+class Ort:
+    """A plain greedy loop over the decoder, fed the way onnxruntime-genai feeds it."""
+
+    def __init__(self, pkg):
+        self.pkg = pkg
+        self.cfg = load_json(os.path.join(pkg, "genai_config.json"))
+        self.exp = load_json(os.path.join(pkg, "expect.json"))
+        dec = self.cfg["model"]["decoder"]
+        self.nl, self.kvh, self.hd = dec["num_hidden_layers"], dec["num_key_value_heads"], dec["head_size"]
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 2
+        self.s = ort.InferenceSession(os.path.join(pkg, "model.onnx"), so, providers=["CPUExecutionProvider"])
+        self.out_names = [o.name for o in self.s.get_outputs()]
+
+    def empty_past(self):
+        return [np.zeros((1, self.kvh, 0, self.hd), np.float32) for _ in range(2 * self.nl)]
+
+    def step(self, ids, past, total):
+        feeds = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, total), np.int64)}
+        for l in range(self.nl):
+            feeds["past_key_values.%d.key" % l] = past[2 * l]
+            feeds["past_key_values.%d.value" % l] = past[2 * l + 1]
+        o = dict(zip(self.out_names, self.s.run(None, feeds)))
+        new = []
+        for l in range(self.nl):
+            new += [o["present.%d.key" % l], o["present.%d.value" % l]]
+        return o["logits"][0, -1].copy(), new
+
+    def greedy(self, prompt, steps, allowed=None, mask=(), stop_at_end=True, keep_logits=False):
+        """Greedy decode. allowed: optional boolean mask of ids that may be chosen."""
+        x, past = self.step(prompt, self.empty_past(), len(prompt))
+        total = len(prompt)
+        out, logits = [], []
+        for _ in range(steps):
+            y = x.copy()
+            if allowed is not None:
+                y[~allowed] = -np.inf
+            for m in mask:
+                y[m] = -np.inf
+            if keep_logits:
+                logits.append(x)
+            t = int(np.argmax(y))
+            out.append(t)
+            if stop_at_end and t == self.exp["speech_end_id"]:
+                break
+            total += 1
+            x, past = self.step([t], past, total)
+        return (out, logits) if keep_logits else out
+
+
+def chain_expect(exp, last_code, steps, end_masked=False):
+    first, end, m1 = exp["speech_first_id"], exp["speech_end_id"], exp["end_after_code"]
+    out, c = [], last_code
+    while len(out) < steps:
+        if c == m1 and not end_masked:
+            out.append(end)
+            break
+        c = (c + 1) % 65536
+        out.append(first + c)
+    return out
+
+
+def make_prompts(exp, seed):
+    """Prompts of 50..1500 tokens: text ids, specials, a speech reference; last = speech code."""
+    r = np.random.RandomState(seed)
+    first = exp["speech_first_id"]
+    prompts = []
+    for n, last in ((50, 79), (400, 40000), (1500, 65500)):
+        n_text = n // 3
+        text = [int(t) for t in r.randint(0, exp["base_vocab_size"], n_text)]
+        codes = [first + int(c) for c in r.randint(0, 65536, n - n_text - 6)]
+        p = ([exp["im_start_id"]] + text[:5] + [exp["text_prompt_start_id"]] + text[5:]
+             + [exp["text_prompt_end_id"], exp["speech_generation_start_id"], exp["im_end_id"],
+                exp["speech_generation_start_id"]] + codes)
+        p[-1] = first + last
+        assert len(p) == n
+        prompts.append((p, last))
+    return prompts
+
+
+def oga_greedy(og, model, prompt, steps, end_id, stop_at_end=True):
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(prompt) + steps)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt)
+    out = []
+    while not gen.is_done() and len(out) < steps:
+        gen.generate_next_token()
+        t = int(gen.get_next_tokens()[0])
+        out.append(t)
+        if stop_at_end and t == end_id:
+            break
+    return out
+
+
+def main():
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    work = os.path.abspath(sys.argv[1])
+    os.makedirs(work, exist_ok=True)
+    pk = {v: os.path.join(work, v) for v in VARIANTS}
+    voice_path = os.path.join(work, "voice.json")
+
+    # ---- generation, timing, determinism
+    t0 = time.time()
+    for v in VARIANTS:
+        generate(pk[v], v, voice_path if v == "chain" else None)
+    dt = time.time() - t0
+    print("generated %d tiny variants in %.1f s" % (len(VARIANTS), dt))
+    check("generation of the tiny variants under 20 s", dt < 20, "%.1f s" % dt)
+
+    def determinism():
+        for v in VARIANTS:
+            again = os.path.join(work, v + "_again")
+            generate(again, v, os.path.join(work, "voice_again.json") if v == "chain" else None)
+            cmp = filecmp.dircmp(pk[v], again)
+            files = []
+            for root, _, names in os.walk(pk[v]):
+                files += [os.path.relpath(os.path.join(root, n), pk[v]) for n in names]
+            same = all(filecmp.cmp(os.path.join(pk[v], f), os.path.join(again, f), shallow=False) for f in files)
+            check("byte-identical rerun (%s, %d files)" % (v, len(files)), same and not cmp.left_only and not cmp.right_only)
+            shutil.rmtree(again)
+        check("byte-identical voice rerun",
+              filecmp.cmp(voice_path, os.path.join(work, "voice_again.json"), shallow=False))
+    run_case("determinism", determinism)
+
+    def sizes():
+        for v in VARIANTS:
+            total = sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(pk[v]) for n in ns)
+            model = os.path.getsize(os.path.join(pk[v], "model.onnx"))
+            check("%s: model.onnx small (%.1f MB), package %.1f MB" % (v, model / 1e6, total / 1e6), model < 6e6)
+    run_case("sizes", sizes)
+
+    # ---- configs
+    def configs():
+        for v in VARIANTS:
+            cfg = load_json(os.path.join(pk[v], "genai_config.json"))
+            exp = load_json(os.path.join(pk[v], "expect.json"))
+            m = cfg["model"]
+            dec = m["decoder"]
+            ok = (m["type"] == "qwen2" and dec["filename"] == "model.onnx"
+                  and m["eos_token_id"] == [exp["im_end_id"], exp["endoftext_id"]]
+                  and exp["speech_end_id"] not in m["eos_token_id"]
+                  and m["vocab_size"] == exp["vocab_size"] and m["vocab_size"] > exp["num_tokens"]
+                  and m["vocab_size"] % 64 == 0
+                  and dec["inputs"] == {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                                        "past_key_names": "past_key_values.%d.key",
+                                        "past_value_names": "past_key_values.%d.value"}
+                  and dec["outputs"] == {"logits": "logits", "present_key_names": "present.%d.key",
+                                         "present_value_names": "present.%d.value"}
+                  and cfg["search"]["past_present_share_buffer"] is False
+                  and cfg["search"]["do_sample"] is False and cfg["search"]["num_beams"] == 1)
+            check("%s: genai_config.json contract" % v, ok, json.dumps(cfg)[:400])
+            hf = load_json(os.path.join(pk[v], "config.json"))
+            check("%s: config.json neuphonic.input_format" % v,
+                  hf["model_type"] == "qwen2" and hf["neuphonic"]["input_format"] == "phonemes")
+            cc = load_json(os.path.join(pk[v], "codec", "codec.json"))
+            check("%s: codec.json" % v, cc == {"sample_rate": 24000, "hop_length": 480, "decoder": "model.onnx"})
+            check("%s: speech ids contiguous after END" % v,
+                  exp["speech_first_id"] == exp["speech_end_id"] + 1
+                  and exp["speech_first_id"] + 65536 == exp["num_tokens"])
+    run_case("configs", configs)
+
+    # ---- tokenizer
+    def tokenizer():
+        exp = load_json(os.path.join(pk["chain"], "expect.json"))
+        tj = load_json(os.path.join(pk["chain"], "tokenizer.json"))
+        added = tj["added_tokens"]
+        ok = (added[0]["content"] == "<|endoftext|>" and added[0]["id"] == exp["endoftext_id"]
+              and all(a["special"] and not a["normalized"] for a in added)
+              and [a["id"] for a in added] == list(range(exp["endoftext_id"], exp["num_tokens"]))
+              and added[-1]["content"] == "<|speech_65535|>"
+              and len(tj["model"]["vocab"]) == exp["base_vocab_size"])
+        check("tokenizer.json layout", ok)
+        try:
+            import tokenizers  # noqa: F401
+        except ImportError:
+            print("note  python package `tokenizers` not importable: skipping the HF tokenizers load check")
+            tokenizers = None
+        if tokenizers is not None:
+            tk = tokenizers.Tokenizer.from_file(os.path.join(pk["chain"], "tokenizer.json"))
+            ids = tk.encode("<|speech_0|><|speech_65535|>", add_special_tokens=False).ids
+            check("tokenizers: speech tokens encode", ids == [exp["speech_first_id"], exp["num_tokens"] - 1], str(ids))
+            check("tokenizers: END id", tk.token_to_id("<|SPEECH_GENERATION_END|>") == exp["speech_end_id"])
+            for s in ("Hello world, this is a test.", "həlˈoʊ wˈɜːld, ðɪs ɪz ɐ tˈɛst."):
+                e = tk.encode(s, add_special_tokens=False)
+                check("tokenizers: round trip %r (%d tokens)" % (s, len(e.ids)),
+                      tk.decode(e.ids) == s and len(e.ids) < len(s.encode("utf-8")))
+        import onnxruntime_genai as og
+        model = og.Model(pk["chain"])
+        otk = og.Tokenizer(model)
+        ids = [int(i) for i in otk.encode("<|speech_0|><|speech_65535|>")]
+        check("onnxruntime-genai tokenizer: speech tokens encode", ids == [exp["speech_first_id"], exp["num_tokens"] - 1], str(ids))
+        s = "user: Convert the text to speech:<|TEXT_PROMPT_START|>ðə kwˈɪk bɹˈaʊn fˈɑːks<|TEXT_PROMPT_END|>"
+        ids = [int(i) for i in otk.encode(s)]
+        check("onnxruntime-genai tokenizer: specials inside text",
+              exp["text_prompt_start_id"] in ids and exp["text_prompt_end_id"] in ids and max(ids) < exp["speech_first_id"])
+        if tokenizers is not None:
+            check("onnxruntime-genai tokenizer == tokenizers", ids == tk.encode(s, add_special_tokens=False).ids)
+    run_case("tokenizer", tokenizer)
+
+    # ---- ORT: I/O contract
+    sessions = {}
+
+    def ort_io():
+        for v in VARIANTS:
+            o = sessions[v] = Ort(pk[v])
+            ins = {i.name: (i.type, i.shape) for i in o.s.get_inputs()}
+            outs = {i.name: (i.type, i.shape) for i in o.s.get_outputs()}
+            V = o.cfg["model"]["vocab_size"]
+            ok = (ins["input_ids"] == ("tensor(int64)", ["batch_size", "sequence_length"])
+                  and ins["attention_mask"] == ("tensor(int64)", ["batch_size", "total_sequence_length"])
+                  and "position_ids" not in ins
+                  and outs["logits"] == ("tensor(float)", ["batch_size", "sequence_length", V]))
+            for l in range(o.nl):
+                for k in ("key", "value"):
+                    ok = ok and ins["past_key_values.%d.%s" % (l, k)][1][:3] == ["batch_size", o.kvh, "past_sequence_length"]
+                    ok = ok and outs["present.%d.%s" % (l, k)][1][:3] == ["batch_size", o.kvh, "total_sequence_length"]
+            check("%s: ORT loads, I/O names/shapes" % v, ok and len(ins) == 2 + 2 * o.nl, str(ins))
+    run_case("ort io", ort_io)
+    if len(sessions) != len(VARIANTS):
+        return
+
+    exp = sessions["chain"].exp
+    first, end = exp["speech_first_id"], exp["speech_end_id"]
+    V = sessions["chain"].cfg["model"]["vocab_size"]
+    speech_or_end = np.zeros(V, dtype=bool)
+    speech_or_end[first:first + 65536] = True
+    speech_or_end[end] = True
+    prompts = make_prompts(exp, 1)
+    empty_ref = [exp["im_start_id"], 5, 6, 7, exp["text_prompt_end_id"], exp["speech_generation_start_id"]]
+    ort_tokens = {}
+
+    # ---- chain
+    def chain():
+        o = sessions["chain"]
+        for p, last in prompts:
+            out = o.greedy(p, STEPS)
+            ort_tokens[("chain", len(p))] = out
+            want = chain_expect(exp, last, STEPS)
+            check("chain: %d-token prompt, last code %d -> %d tokens follow the rule" % (len(p), last, len(want)),
+                  out == want, "got %s" % [t - first for t in out[:10]])
+            if end in want:
+                out2 = o.greedy(p, len(want) + 20, mask=(end,))
+                check("chain: END masked -> runner-up speech_%d continues the chain" % (exp["end_after_code"] + 1),
+                      out2 == chain_expect(exp, last, len(want) + 20, end_masked=True),
+                      "got %s" % [t - first for t in out2[-25:]])
+        out = o.greedy(empty_ref, STEPS)
+        ort_tokens[("chain", "empty")] = out
+        check("chain: after SPEECH_GENERATION_START -> speech_0 .. speech_%d, END" % exp["end_after_code"],
+              out == chain_expect(exp, -1, STEPS))
+        voice = load_json(voice_path)
+        vp = empty_ref + [first + c for c in voice["codes"]]
+        out = o.greedy(vp, STEPS)
+        ort_tokens[("chain", "voice")] = out
+        check("voice: %d codes, chain generates exactly 120 codes then END" % len(voice["codes"]),
+              len(out) == 121 and out[-1] == end and all(first <= t < first + 65536 for t in out[:-1]),
+              "len %d" % len(out))
+        check("voice file format",
+              voice["name"] == "test" and voice["language"] == "en-us" and 90 <= len(voice["codes"]) <= 110
+              and voice["license"] == "CC0, generated" and voice["source"] == "generated by tools/gen_models.py")
+    run_case("chain", chain)
+
+    # ---- KV cache / attention sensitivity (chain and random)
+    def sensitivity():
+        for v in ("chain", "random"):
+            o = sessions[v]
+            p = prompts[1][0]
+            full, _ = o.step(p, o.empty_past(), len(p))
+            x, past = o.step(p[:-1], o.empty_past(), len(p) - 1)
+            inc, _ = o.step(p[-1:], past, len(p))
+            d_ok = float(np.abs(full - inc).max())
+            check("%s: incremental decode == full prefill (max diff %.2e)" % (v, d_ok), d_ok < 2e-3)
+            bad = [a.copy() for a in past]
+            for a in bad:
+                a[:, :, : a.shape[2] // 2] = a[:, :, a.shape[2] // 2: 2 * (a.shape[2] // 2)]  # corrupt history
+            corrupt, _ = o.step(p[-1:], bad, len(p))
+            d_bad = float(np.abs(corrupt - inc).max())
+            check("%s: corrupted past changes logits (max diff %.3f > 1e-2)" % (v, d_bad), d_bad > 1e-2)
+            short = past_trunc = [a[:, :, 1:] for a in past]
+            trunc, _ = o.step(p[-1:], past_trunc, len(p) - 1)
+            d_tr = float(np.abs(trunc - inc).max())
+            check("%s: dropping one past position changes logits (%.3f > 1e-2)" % (v, d_tr), d_tr > 1e-2)
+            del short
+            shifted, _ = o.step(p[1:], o.empty_past(), len(p) - 1)
+            d_pos = float(np.abs(shifted - full).max())
+            check("%s: context changes logits (%.3f > 1e-2)" % (v, d_pos), d_pos > 1e-2)
+    run_case("sensitivity", sensitivity)
+
+    # ---- textbias
+    def textbias():
+        o = sessions["textbias"]
+        e = o.exp
+        for p, last in prompts[:2]:
+            raw = o.greedy(p, 40, stop_at_end=False)
+            check("textbias: full-vocab greedy argmax is a text id at every step",
+                  all(t < e["base_vocab_size"] for t in raw), str(raw[:10]))
+            out = o.greedy(p, STEPS, allowed=speech_or_end)
+            ort_tokens[("textbias", len(p))] = out
+            check("textbias: restricted to speech+END it follows the chain (%d tokens)" % len(out),
+                  out == chain_expect(e, last, STEPS))
+    run_case("textbias", textbias)
+
+    # ---- random
+    def random_variant():
+        o = sessions["random"]
+        for p, _ in prompts:
+            out = o.greedy(p, STEPS, stop_at_end=False)
+            ort_tokens[("random", len(p))] = out
+            only_speech = all(first <= t < first + 65536 for t in out)
+            check("random: %d-token prompt -> %d speech-only tokens, %d distinct" % (len(p), len(out), len(set(out))),
+                  only_speech and len(out) == STEPS and len(set(out)) > 50)
+    run_case("random", random_variant)
+
+    # ---- onnxruntime-genai parity (plain and past_present_share_buffer=true)
+    def oga():
+        import onnxruntime_genai as og
+        for share in (False, True):
+            for v in VARIANTS:
+                pkg = pk[v]
+                if share:
+                    pkg = os.path.join(work, v + "_share")
+                    shutil.rmtree(pkg, ignore_errors=True)
+                    shutil.copytree(pk[v], pkg)
+                    cfgp = os.path.join(pkg, "genai_config.json")
+                    cfg = load_json(cfgp)
+                    cfg["search"]["past_present_share_buffer"] = True
+                    cfg["search"]["max_length"] = 2048
+                    with open(cfgp, "w") as f:
+                        json.dump(cfg, f, indent=4)
+                model = og.Model(pkg)
+                tag = "%s%s" % (v, " share_buffer" if share else "")
+                if v == "textbias":
+                    p = prompts[0][0]
+                    got = oga_greedy(og, model, p, 20, end, stop_at_end=False)
+                    want = sessions[v].greedy(p, 20, stop_at_end=False)
+                    check("oga %s: unconstrained greedy == ORT (text ids)" % tag, got == want, "%s vs %s" % (got[:5], want[:5]))
+                    continue
+                keys = [k for k in ort_tokens if k[0] == v]
+                for k in keys:
+                    if k[1] == "empty":
+                        p = empty_ref
+                    elif k[1] == "voice":
+                        p = empty_ref + [first + c for c in load_json(voice_path)["codes"]]
+                    else:
+                        p = [pp for pp, _ in prompts if len(pp) == k[1]][0]
+                    want = ort_tokens[k]
+                    got = oga_greedy(og, model, p, STEPS, end, stop_at_end=(v != "random"))
+                    diff = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+                    check("oga %s: prompt %s -> %d tokens == ORT greedy" % (tag, k[1], len(got)),
+                          got == want, "first difference at %s" % diff)
+                del model
+    run_case("oga", oga)
+
+    # ---- codec
+    def codec():
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 2
+        s = ort.InferenceSession(os.path.join(pk["chain"], "codec", "model.onnx"), so, providers=["CPUExecutionProvider"])
+        i, o = s.get_inputs()[0], s.get_outputs()[0]
+        check("codec I/O", i.name == "codes" and i.type == "tensor(int32)" and o.name == "audio" and o.type == "tensor(float)")
+        r = np.random.RandomState(3)
+        for F in (1, 7, 30):
+            codes = r.randint(0, 65536, (1, 1, F)).astype(np.int32)
+            a = s.run(None, {"codes": codes})[0]
+            ok = (a.shape == (1, 1, F * 480) and a.dtype == np.float32 and np.isfinite(a).all()
+                  and np.abs(a).max() <= 0.5 and np.abs(a).max() > 0.05 and np.std(a) > 0.01)
+            check("codec: %d frames -> %d samples" % (F, F * 480), ok, str(a.shape))
+        codes = r.randint(0, 65536, (2, 1, 12)).astype(np.int32)
+        a = s.run(None, {"codes": codes})[0]
+        b = s.run(None, {"codes": codes[1:]})[0]
+        check("codec: batch 2", a.shape == (2, 1, 12 * 480) and np.allclose(a[1], b[0], atol=1e-6))
+        base = s.run(None, {"codes": codes[:1]})[0][0, 0].reshape(12, 480)
+        c2 = codes[:1].copy()
+        c2[0, 0, 6] = (c2[0, 0, 6] + 12345) % 65536
+        mod = s.run(None, {"codes": c2})[0][0, 0].reshape(12, 480)
+        changed = [bool(np.abs(mod[f] - base[f]).max() > 1e-6) for f in range(12)]
+        check("codec: a code changes its own and neighbouring frames only (kernel 3)",
+              changed == [f in (5, 6, 7) for f in range(12)], str(changed))
+        d = s.run(None, {"codes": r.randint(0, 65536, (1, 1, 50)).astype(np.int32)})[0][0, 0]
+        check("codec: continuous-ish (median |step| < 0.05)", float(np.median(np.abs(np.diff(d)))) < 0.05)
+    run_case("codec", codec)
+
+
+if __name__ == "__main__":
+    t = time.time()
+    try:
+        main()
+    except SystemExit:
+        raise
+    except Exception:
+        check("test script", False, traceback.format_exc())
+    print("%d passed, %d failed (%.1f s)" % (passed, failed, time.time() - t))
+    sys.exit(1 if failed else 0)
