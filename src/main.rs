@@ -10,10 +10,12 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use onebit_tts::audio::{AudioFormat, OutputSpec};
 use onebit_tts::engine::{CancelToken, GenerationParams, KvMode, OrtOptions, SamplingParams};
 use onebit_tts::metrics;
 use onebit_tts::package::ModelPackage;
 use onebit_tts::prompt::InputFormat;
+use onebit_tts::server::ServerConfig;
 use onebit_tts::synth::{
     FrontEnd, SpeechRequest, SynthConfig, SynthEvent, Synthesizer, resolve_dir,
 };
@@ -93,12 +95,14 @@ struct GenArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Synthesise text to a WAV file.
+    /// Synthesise text to an audio file.
     Say {
         #[command(flatten)]
         model: ModelArgs,
         #[command(flatten)]
         generation: GenArgs,
+        #[command(flatten)]
+        out: OutArgs,
         #[arg(long, short = 'v')]
         voice: String,
         /// Output file.
@@ -106,6 +110,18 @@ enum Cmd {
         output: PathBuf,
         /// The text; read from stdin when absent.
         text: Option<String>,
+    },
+    /// Serve the OpenAI-compatible API (POST /v1/audio/speech).
+    Serve {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        args: ServeArgs,
+    },
+    /// Check this machine for the NPU route's known blockers (PASS/WARN/FAIL per check).
+    Doctor {
+        #[arg(long)]
+        json: bool,
     },
     /// Print the prompt (prepared text, ids, token count) for a text.
     Prompt {
@@ -154,6 +170,39 @@ enum VoicesCmd {
         #[arg(long = "voices", env = "ONEBIT_VOICES", value_delimiter = ':')]
         voices: Vec<PathBuf>,
     },
+    /// Import voices: torch .pt (+ NAME.txt), .npy, JSON code lists, voice files, or a folder of them.
+    Import {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Voice name (default: the file's stem).
+        #[arg(long)]
+        name: Option<String>,
+        /// Exact transcript of the reference (default: NAME.txt beside the codes).
+        #[arg(long)]
+        text: Option<String>,
+        /// LANG for all, or NAME=LANG for one (repeatable).
+        #[arg(long = "language")]
+        languages: Vec<String>,
+        #[arg(long)]
+        source: Option<String>,
+        #[arg(long)]
+        license: Option<String>,
+        /// Replace voices that already exist.
+        #[arg(long)]
+        force: bool,
+        /// Where to store them (default: the repo's voices/).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Check each reference against this package's context budget.
+        #[arg(long, env = "ONEBIT_MODEL")]
+        model: Option<PathBuf>,
+    },
+    /// Remove a voice from a voice directory.
+    Remove {
+        name: String,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn default_model() -> PathBuf {
@@ -163,6 +212,22 @@ fn default_model() -> PathBuf {
     } else {
         resolve_dir(Path::new("models/tiny"))
     }
+}
+
+/// Where `voices import` writes by default: the checkout's voices/.
+fn store_dir() -> PathBuf {
+    resolve_dir(Path::new("voices"))
+}
+
+fn progress_bar(quiet: bool, len: u64, template: &str) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
 }
 
 fn voice_dirs(extra: &[PathBuf]) -> Vec<PathBuf> {
@@ -195,8 +260,9 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
     }
 }
 
-fn request(voice: &str, text: String, g: &GenArgs) -> Result<SpeechRequest> {
+fn request(voice: &str, text: String, g: &GenArgs, output: OutputSpec) -> Result<SpeechRequest> {
     Ok(SpeechRequest {
+        output,
         text,
         voice: voice.to_owned(),
         language: g.lang.as_deref().map(str::parse::<Language>).transpose()?,
@@ -236,31 +302,72 @@ fn read_text(text: Option<String>) -> Result<String> {
     }
 }
 
+#[derive(Args, Clone)]
+struct OutArgs {
+    /// Output format (wav, pcm, flac, mp3, opus); default: from the output file's extension, else wav.
+    #[arg(long)]
+    format: Option<String>,
+    /// Output sample rate, 8000..48000 (default 24000, the codec's).
+    #[arg(long)]
+    sample_rate: Option<u32>,
+    /// Speaking speed 0.25..4.0 (time-stretch, pitch kept).
+    #[arg(long, default_value_t = 1.0)]
+    speed: f32,
+}
+
+fn output_spec(o: &OutArgs, path: &Path) -> Result<OutputSpec> {
+    let format = match &o.format {
+        Some(f) => f.parse::<AudioFormat>()?,
+        None => match path.extension().and_then(|e| e.to_str()) {
+            Some(ext) if ext != "raw" => ext.parse::<AudioFormat>().unwrap_or(AudioFormat::Wav),
+            _ => AudioFormat::Wav,
+        },
+    };
+    let spec = OutputSpec {
+        format,
+        sample_rate: o
+            .sample_rate
+            .unwrap_or(onebit_tts::package::CODEC_SAMPLE_RATE),
+        speed: o.speed,
+        streaming: false,
+    };
+    onebit_tts::audio::check_speed(spec.speed)?;
+    onebit_tts::audio::check_output_rate(spec.sample_rate)?;
+    Ok(spec)
+}
+
 fn say(
     model: &ModelArgs,
     g: &GenArgs,
+    out: &OutArgs,
     voice: &str,
     output: &Path,
     text: Option<String>,
     quiet: bool,
 ) -> Result<()> {
     let text = read_text(text)?;
-    let req = request(voice, text, g)?;
+    let spec = output_spec(out, output)?;
+    let req = request(voice, text, g, spec)?;
     let cfg = synth_config(model);
     let synth = Synthesizer::load(&cfg)?;
-    let bar = if quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(0)
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {pos}/~{len} codes {msg} [{elapsed_precise}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    let bar = progress_bar(
+        quiet,
+        0,
+        "{spinner} {pos}/~{len} codes {msg} [{elapsed_precise}]",
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     let started = std::time::Instant::now();
-    let mut samples: Vec<f32> = Vec::new();
-    let report = synth.synthesize(&req, &CancelToken::new(), &mut |ev| {
+    // Written to a temporary name and renamed at the end, so a failed run never leaves a cut file
+    // under the requested name.
+    let tmp = output.with_extension(format!(
+        "{}.partial",
+        output.extension().and_then(|e| e.to_str()).unwrap_or("out")
+    ));
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
+    );
+    let mut write_err: Option<std::io::Error> = None;
+    let result = synth.synthesize(&req, &CancelToken::new(), &mut |ev| {
         match ev {
             SynthEvent::Started {
                 estimated_codes, ..
@@ -271,7 +378,7 @@ fn say(
                     bar.set_length(n);
                 }
                 bar.set_position(n);
-                if n % 10 == 0 {
+                if n.is_multiple_of(10) {
                     let rate = n as f64 / started.elapsed().as_secs_f64().max(1e-9);
                     bar.set_message(format!(
                         "{rate:.1} codes/s ({:.2}x the 50/s line)",
@@ -279,37 +386,110 @@ fn say(
                     ));
                 }
             }
-            SynthEvent::Audio(chunk) => samples.extend_from_slice(chunk),
+            SynthEvent::Audio(bytes) => {
+                if let Err(e) = std::io::Write::write_all(&mut file, bytes) {
+                    write_err = Some(e);
+                    return ControlFlow::Break(());
+                }
+            }
         }
         ControlFlow::Continue(())
-    })?;
+    });
     bar.finish_and_clear();
-    let t = std::time::Instant::now();
-    let file =
-        std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
-    onebit_tts::audio::write_wav(std::io::BufWriter::new(file), &samples, report.sample_rate)?;
-    let encode = t.elapsed();
+    let finished = (|| -> Result<_> {
+        let report = result?;
+        if let Some(e) = write_err {
+            return Err(e).with_context(|| format!("writing {}", tmp.display()));
+        }
+        std::io::Write::flush(&mut file).with_context(|| format!("writing {}", tmp.display()))?;
+        drop(file);
+        std::fs::rename(&tmp, output)
+            .with_context(|| format!("renaming to {}", output.display()))?;
+        Ok(report)
+    })();
+    let report = match finished {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
     let secs = report.audio_seconds();
     let cps = metrics::codes_per_second(report.codes.len(), report.timings.decode);
     eprintln!(
-        "wrote {} — {:.2} s of audio, {} codes, {:.1} codes/s ({:.2}x real time), RTF {:.3}, seed {}, prompt {} tokens, encode {:.1} ms",
+        "wrote {} — {:.2} s of audio, {} codes, {:.1} codes/s ({:.2}x real time), RTF {:.3}, seed {}, prompt {} tokens",
         output.display(),
         secs,
         report.codes.len(),
         cps,
         cps / 50.0,
-        metrics::rtf(report.timings.total + encode, secs),
+        metrics::rtf(report.timings.total, secs),
         report.seed,
         report.prompt_tokens,
-        encode.as_secs_f64() * 1e3,
     );
+    Ok(())
+}
+
+#[derive(Args, Clone)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "ONEBIT_HOST", default_value = "127.0.0.1")]
+    host: std::net::IpAddr,
+    #[arg(long, env = "ONEBIT_PORT", default_value_t = 8880)]
+    port: u16,
+    /// Requests that may wait while one runs; more get 429.
+    #[arg(long, env = "ONEBIT_QUEUE_DEPTH", default_value_t = 8)]
+    queue_depth: usize,
+    /// Largest request body in bytes (413 above).
+    #[arg(long, env = "ONEBIT_MAX_BODY_BYTES", default_value_t = 65_536)]
+    max_body_bytes: usize,
+    /// Longest `input` in characters (400 above).
+    #[arg(long, env = "ONEBIT_MAX_INPUT_CHARS", default_value_t = 4096)]
+    max_input_chars: usize,
+    /// Seconds a request may run before it is cancelled.
+    #[arg(long, env = "ONEBIT_REQUEST_TIMEOUT_S", default_value_t = 300)]
+    request_timeout_s: u64,
+    /// Seconds in-flight requests may run on after SIGINT/SIGTERM.
+    #[arg(long, env = "ONEBIT_SHUTDOWN_GRACE_S", default_value_t = 30)]
+    shutdown_grace_s: u64,
+}
+
+fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
+    let mut cfg = synth_config(model);
+    cfg.max_input_chars = args.max_input_chars;
+    let synth = std::sync::Arc::new(Synthesizer::load(&cfg)?);
+    tracing::info!(
+        package = %synth.package().dir.display(),
+        engine = %synth.engine_description(),
+        voices = synth.voices().names().len(),
+        "model loaded"
+    );
+    let server_cfg = ServerConfig {
+        addr: std::net::SocketAddr::new(args.host, args.port),
+        queue_depth: args.queue_depth,
+        max_body_bytes: args.max_body_bytes,
+        max_input_chars: args.max_input_chars,
+        request_timeout: Duration::from_secs(args.request_timeout_s),
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
+        retry_after_s: 1,
+        device: "cpu".into(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(onebit_tts::server::serve(synth, server_cfg))
+        .context("server")?;
+    // The runtime (and with it the last handle on the synthesizer) goes before main returns.
+    drop(rt);
+    tracing::info!("stopped");
     Ok(())
 }
 
 fn prompt_cmd(model: &ModelArgs, g: &GenArgs, voice: &str, text: String, json: bool) -> Result<()> {
     // The prompt needs no runtime: only the package, the voice and the front end.
     let front = FrontEnd::load(&synth_config(model))?;
-    let req = request(voice, text, g)?;
+    let req = request(voice, text, g, OutputSpec::default())?;
     let (ids, prepared, _) = front.build_prompt(&req)?;
     if json {
         let v = serde_json::json!({ "text": prepared, "ids": ids, "tokens": ids.len() });
@@ -325,10 +505,26 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Say {
             model,
             generation,
+            out,
             voice,
             output,
             text,
-        } => say(&model, &generation, &voice, &output, text, cli.quiet),
+        } => say(&model, &generation, &out, &voice, &output, text, cli.quiet),
+        Cmd::Serve { model, args } => serve(&model, &args),
+        Cmd::Doctor { json } => {
+            use onebit_tts::npu::doctor::{self, DoctorInputs, RealHost};
+            let report = doctor::run(&DoctorInputs::from_process(), &RealHost::default());
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.to_text());
+            }
+            if report.exit_code() == 0 {
+                Ok(())
+            } else {
+                Err(Silent.into())
+            }
+        }
         Cmd::Prompt {
             model,
             generation,
@@ -343,10 +539,82 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", pkg.summary());
             Ok(())
         }
+        Cmd::Voices {
+            cmd:
+                VoicesCmd::Import {
+                    paths,
+                    name,
+                    text,
+                    languages,
+                    source,
+                    license,
+                    force,
+                    dir,
+                    model,
+                },
+        } => {
+            let mut opts = onebit_tts::voice::ImportOptions {
+                name,
+                transcript: text,
+                source,
+                license,
+                ..Default::default()
+            };
+            for l in &languages {
+                opts.add_language(l);
+            }
+            let bar = progress_bar(
+                cli.quiet,
+                paths.len() as u64,
+                "{spinner} importing {pos}/{len} {msg}",
+            );
+            let voices = onebit_tts::voice::import_paths(&paths, &opts)?;
+            let budget = match model.as_deref().map(resolve_dir) {
+                Some(dir) => Some(ModelPackage::load(&dir, None)?.genai.token_budget()),
+                None => None,
+            };
+            let dir = dir.unwrap_or_else(store_dir);
+            bar.set_length(voices.len() as u64);
+            for v in &voices {
+                bar.set_message(v.name.clone());
+                let warning = match budget {
+                    Some(b) => onebit_tts::voice::check_budget(v, b)?,
+                    None => onebit_tts::voice::length_warning(v),
+                };
+                if let Some(w) = warning {
+                    bar.suspend(|| eprintln!("warning: {w}"));
+                }
+                let path = onebit_tts::voice::VoiceStore::save(&dir, v, force)?;
+                bar.inc(1);
+                bar.suspend(|| {
+                    println!(
+                        "imported {:<16} {:<6} {:>4} codes ({:.2} s) -> {}",
+                        v.name,
+                        v.language,
+                        v.codes.len(),
+                        v.seconds(),
+                        path.display()
+                    )
+                });
+            }
+            bar.finish_and_clear();
+            Ok(())
+        }
+        Cmd::Voices {
+            cmd: VoicesCmd::Remove { name, dir },
+        } => {
+            let path =
+                onebit_tts::voice::VoiceStore::remove(&dir.unwrap_or_else(store_dir), &name)?;
+            println!("removed {}", path.display());
+            Ok(())
+        }
         Cmd::Voices { cmd } => {
             let (extra, name) = match cmd {
                 VoicesCmd::List { voices } => (voices, None),
                 VoicesCmd::Show { name, voices } => (voices, Some(name)),
+                VoicesCmd::Import { .. } | VoicesCmd::Remove { .. } => {
+                    unreachable!("handled above")
+                }
             };
             let store = onebit_tts::voice::VoiceStore::open(&voice_dirs(&extra))?;
             match name {
@@ -380,6 +648,16 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// An error already reported on stdout (doctor's FAIL lines): exit 1 without an extra line.
+#[derive(Debug)]
+struct Silent;
+impl std::fmt::Display for Silent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("checks failed")
+    }
+}
+impl std::error::Error for Silent {}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default = if cli.quiet { "warn" } else { "info" };
@@ -392,6 +670,7 @@ fn main() -> ExitCode {
         .init();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Silent>() => ExitCode::FAILURE,
         Err(e) => {
             // One line: the chain joined, so scripts can grep it.
             let msg = e

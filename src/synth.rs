@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
+use crate::audio::{OutputPipeline, OutputSpec};
+use crate::codec::stream::{StreamDecoder, StreamError, decode_whole};
 use crate::codec::{CodecDecoder, CodecError};
 use crate::engine::{
     self, Backbone, CancelToken, Candidates, EngineError, GenerationParams, OrtOptions, StopReason,
@@ -35,6 +37,8 @@ pub enum SynthError {
     InputTooLong { got: usize, limit: usize },
     #[error("the input text is empty")]
     EmptyInput,
+    #[error(transparent)]
+    Audio(#[from] crate::audio::AudioError),
     #[error("the engine is unavailable: a previous request panicked inside it")]
     Poisoned,
 }
@@ -63,6 +67,8 @@ pub struct SpeechRequest {
     pub input_format: Option<InputFormat>,
     pub emotion: Option<String>,
     pub generation: GenerationParams,
+    /// Format, rate, speed, and whether audio streams while codes are generated.
+    pub output: OutputSpec,
 }
 
 /// What the caller sees while a request runs.
@@ -75,8 +81,8 @@ pub enum SynthEvent<'a> {
     },
     /// One more code was generated.
     Code { index: usize, code: u32 },
-    /// 24 kHz mono samples, in order.
-    Audio(&'a [f32]),
+    /// Encoded audio bytes of the requested format, in order.
+    Audio(&'a [u8]),
 }
 
 /// What one request produced.
@@ -86,14 +92,18 @@ pub struct SynthesisReport {
     pub prompt_tokens: usize,
     pub seed: u64,
     pub stop: StopReason,
+    /// Decoded samples at the codec rate (before any speed change or resampling).
     pub samples: usize,
     pub sample_rate: u32,
+    pub speed: f32,
+    pub bytes: usize,
     pub timings: StageTimings,
 }
 
 impl SynthesisReport {
+    /// Seconds of audio delivered (after the speed change).
     pub fn audio_seconds(&self) -> f64 {
-        self.samples as f64 / f64::from(self.sample_rate)
+        self.samples as f64 / f64::from(self.sample_rate) / f64::from(self.speed)
     }
 }
 
@@ -253,6 +263,10 @@ impl Synthesizer {
     }
 
     /// Synthesises one request. `sink` sees progress and audio in order and may stop the request.
+    ///
+    /// Streaming requests decode in the vendor's overlapping windows while codes are generated, so
+    /// the first audio leaves after 30 codes; whole requests decode once at the end, as the vendor's
+    /// non-streaming path does.
     pub fn synthesize(
         &self,
         req: &SpeechRequest,
@@ -263,6 +277,8 @@ impl Synthesizer {
         let mut timings = StageTimings::default();
         let (ids, text, voice) = self.front.build_prompt(req)?;
         timings.front_end = t0.elapsed();
+        let rate = self.package().codec.sample_rate;
+        let mut pipeline = OutputPipeline::new(&req.output, rate)?;
         // Speaking rate of this voice: codes per character of its transcript.
         let ref_chars = voice.transcript.chars().count().max(1);
         let estimated_codes = (text.chars().count() * voice.codes.len()).div_ceil(ref_chars);
@@ -275,45 +291,130 @@ impl Synthesizer {
             cancel.cancel();
         }
 
+        let mut codec = self.codec.lock().map_err(|_| SynthError::Poisoned)?;
+        let mut samples_out = 0usize;
+        let mut bytes_out = 0usize;
+        let mut failure: Option<SynthError> = None;
+        // Hands encoded bytes to the sink; false when the caller wants to stop.
+        let mut emit =
+            |bytes: Vec<u8>,
+             timings: &mut StageTimings,
+             sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>| {
+                if bytes.is_empty() {
+                    return true;
+                }
+                if timings.first_audio.is_none() {
+                    timings.first_audio = Some(t0.elapsed());
+                }
+                bytes_out += bytes.len();
+                sink(SynthEvent::Audio(&bytes)).is_continue()
+            };
+
         let generation = {
             let mut backbone = self.backbone.lock().map_err(|_| SynthError::Poisoned)?;
+            let reference: Vec<i32> = voice.codes.iter().map(|&c| c as i32).collect();
+            let mut stream = req.output.streaming.then(|| {
+                StreamDecoder::new(|codes: &[i32]| decode_i32(&mut codec, codes), &reference)
+            });
             let mut index = 0;
-            engine::generate(
+            let generation = engine::generate(
                 backbone.as_mut(),
                 &self.candidates,
                 &ids,
                 &req.generation,
                 cancel,
                 &mut |code| {
-                    let flow = sink(SynthEvent::Code { index, code });
+                    if sink(SynthEvent::Code { index, code }).is_break() {
+                        return ControlFlow::Break(());
+                    }
                     index += 1;
-                    flow
+                    let Some(stream) = stream.as_mut() else {
+                        return ControlFlow::Continue(());
+                    };
+                    let t = Instant::now();
+                    let step = stream.push(code as i32);
+                    timings.codec += t.elapsed();
+                    match step {
+                        Ok(Some(samples)) => {
+                            samples_out += samples.len();
+                            let t = Instant::now();
+                            let bytes = pipeline.push(&samples);
+                            timings.encode += t.elapsed();
+                            match bytes {
+                                Ok(b) => {
+                                    if emit(b, &mut timings, sink) {
+                                        ControlFlow::Continue(())
+                                    } else {
+                                        ControlFlow::Break(())
+                                    }
+                                }
+                                Err(e) => {
+                                    failure = Some(e.into());
+                                    ControlFlow::Break(())
+                                }
+                            }
+                        }
+                        Ok(None) => ControlFlow::Continue(()),
+                        Err(e) => {
+                            failure = Some(stream_error(e));
+                            ControlFlow::Break(())
+                        }
+                    }
                 },
-            )?
+            )?;
+            if let Some(e) = failure.take() {
+                return Err(e);
+            }
+            let t = Instant::now();
+            let rest = match stream {
+                Some(stream) => stream.finish().map_err(stream_error)?,
+                None => decode_whole(
+                    |codes: &[i32]| decode_i32(&mut codec, codes),
+                    &as_i32(&generation.codes),
+                )
+                .map_err(stream_error)?,
+            };
+            timings.codec += t.elapsed();
+            if generation.stop != StopReason::Cancelled {
+                samples_out += rest.len();
+                let t = Instant::now();
+                let mut bytes = pipeline.push(&rest)?;
+                bytes.extend(pipeline.finish()?);
+                timings.encode += t.elapsed();
+                emit(bytes, &mut timings, sink);
+            }
+            generation
         };
         timings.prefill = generation.prefill;
         timings.decode = generation.decode;
-
-        let t_codec = Instant::now();
-        let samples = {
-            let mut codec = self.codec.lock().map_err(|_| SynthError::Poisoned)?;
-            codec.decode(&generation.codes)?
-        };
-        timings.codec = t_codec.elapsed();
-        if !samples.is_empty() && generation.stop != StopReason::Cancelled {
-            timings.first_audio = Some(t0.elapsed());
-            let _ = sink(SynthEvent::Audio(&samples));
-        }
         timings.total = t0.elapsed();
         Ok(SynthesisReport {
             prompt_tokens: generation.prompt_tokens,
             seed: generation.seed,
             stop: generation.stop,
-            samples: samples.len(),
-            sample_rate: self.package().codec.sample_rate,
+            samples: samples_out,
+            sample_rate: rate,
+            speed: req.output.speed,
+            bytes: bytes_out,
             codes: generation.codes,
             timings,
         })
+    }
+}
+
+fn as_i32(codes: &[u32]) -> Vec<i32> {
+    codes.iter().map(|&c| c as i32).collect()
+}
+
+fn decode_i32(codec: &mut CodecDecoder, codes: &[i32]) -> Result<Vec<f32>, CodecError> {
+    let codes: Vec<u32> = codes.iter().map(|&c| c as u32).collect();
+    codec.decode(&codes)
+}
+
+fn stream_error(e: StreamError<CodecError>) -> SynthError {
+    match e {
+        StreamError::Decode(e) => SynthError::Codec(e),
+        other => SynthError::Codec(CodecError::Runtime(other.to_string())),
     }
 }
 

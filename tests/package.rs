@@ -20,19 +20,16 @@ fn tokenizer_with(base: u32, speech: &[String]) -> Tokenizer {
         "<|SPEECH_GENERATION_START|>",
         "<|SPEECH_GENERATION_END|>",
     ];
-    let mut added = Vec::new();
-    let mut id = base + 1;
-    for s in specials
+    let added: Vec<serde_json::Value> = specials
         .iter()
         .map(|s| s.to_string())
         .chain(speech.iter().cloned())
-    {
-        added.push(
+        .zip(base + 1..)
+        .map(|(s, id)| {
             serde_json::json!({"id": id, "content": s, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true}),
-        );
-        id += 1;
-    }
+                "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
     let json = serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
         "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,

@@ -29,12 +29,10 @@ import json
 import math
 import os
 import re
-import sys
 import unicodedata
 import zlib
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper
 
 # ---------------------------------------------------------------------------------------
@@ -434,6 +432,9 @@ def build_weights(shape, variant, ids):
     # --- decoder layers
     layers = []
     write = L.ctx if not strong else np.setdiff1d(np.arange(H), [L.const])
+    # Keep the residual writes of the whole stack about as large as the tiny model's, whatever
+    # the width and depth: per layer ~ sqrt(tiny written dims / written dims) * sqrt(2 / layers).
+    wscale = math.sqrt((63.0 if strong else 31.0) / len(write)) * math.sqrt(2.0 / shape["layers"])
     for l in range(shape["layers"]):
         r = rs(variant, "layer", l, H, I)
         d = {}
@@ -446,12 +447,12 @@ def build_weights(shape, variant, ids):
         d["qkv"] = qmat_from(np.concatenate([wq, wk, wv], axis=0).astype(np.float32))
         d["qkv_bias"] = (0.1 * r.standard_normal(nh * hd + 2 * nkv * hd)).astype(np.float32)
         wo = np.zeros((H, nh * hd), dtype=np.float32)
-        wo[write] = r.standard_normal((len(write), nh * hd)) * ((1.2 if strong else 0.6) / (nh * hd) ** 0.5)
+        wo[write] = r.standard_normal((len(write), nh * hd)) * ((1.2 if strong else 0.6) * wscale / (nh * hd) ** 0.5)
         d["o"] = qmat_from(wo)
         d["gate"] = qmat_from((r.standard_normal((I, H)) / H ** 0.5).astype(np.float32))
         d["up"] = qmat_from((r.standard_normal((I, H)) / H ** 0.5).astype(np.float32))
         wd = np.zeros((H, I), dtype=np.float32)
-        wd[write] = r.standard_normal((len(write), I)) * ((2.0 if strong else 1.0) / I ** 0.5)
+        wd[write] = r.standard_normal((len(write), I)) * ((2.0 if strong else 1.0) * wscale / I ** 0.5)
         d["down"] = qmat_from(wd)
         layers.append(d)
     W["layers"] = layers
@@ -473,14 +474,16 @@ def build_weights(shape, variant, ids):
     for s in range(ids["num_tokens"], V, chunk):
         e = min(V, s + chunk)
         lm.set_rows(s, np.repeat(neg, e - s, axis=0))
-    ctx_scale = 0.08 if not strong else 1.0
+    # chain: the context dims' share of a speech logit stays well inside the chain's margin
+    # (|w_ctx| = 0.08 * sqrt(31) whatever the width); random: strong, all dims but the constant
+    ctx_scale = 0.08 * math.sqrt(31.0 / len(L.ctx))
     for s in range(0, N_SPEECH, chunk):
         e = min(N_SPEECH, s + chunk)
         r = rs(variant, "lm_speech", s, H)
         rows = np.zeros((e - s, H), np.float32)
         if strong:
             cols = np.setdiff1d(np.arange(H), [L.const])
-            rows[:, cols] = r.standard_normal((e - s, len(cols))) * 0.5
+            rows[:, cols] = r.standard_normal((e - s, len(cols))) * (0.5 * math.sqrt(63.0 / len(cols)))
         else:
             rows[:, L.fourier] = L.chain_row(np.arange(s, e))
             rows[:, L.ctx] = r.standard_normal((e - s, len(L.ctx))) * ctx_scale
@@ -939,6 +942,7 @@ def generate(out, variant="chain", real_shape=False):
         "text_prompt_end_id": ids["text_prompt_end"],
         "speech_generation_start_id": ids["speech_generation_start"],
         "speech_end_id": ids["speech_end"],
+        "end_id": ids["speech_end"],
         "speech_first_id": ids["speech_first"],
         "speech_count": N_SPEECH,
     }
@@ -949,6 +953,8 @@ def generate(out, variant="chain", real_shape=False):
                           "and the runner-up is speech_(end_after_code+1)")
         expect["voice_last_code"] = CHAIN_M - 1 - VOICE_NEW_CODES
         expect["voice_new_codes"] = VOICE_NEW_CODES
+        # greedy codes the chain generates after the --voice-out voice's codes (then END)
+        expect["test_voice_greedy_codes"] = VOICE_NEW_CODES
     if variant == "textbias":
         expect["text_bias_ids"] = W["text_bias_ids"]
         expect["text_bias_pad_id"] = W["text_bias_pad_id"]

@@ -1,26 +1,19 @@
-//! Audio output (placeholder until the audio stage lands): 16-bit WAV.
+//! Audio stage: output formats and encoders, resampling, time-stretch, and decoding of uploaded
+//! reference audio for voice cloning.
 
-use std::io::{Seek, Write};
+pub mod decode;
+pub mod encode;
+pub mod error;
+pub mod format;
+pub mod pcm;
+pub mod pipeline;
+pub mod resample;
+pub mod stretch;
 
-#[derive(Debug, thiserror::Error)]
-pub enum AudioError {
-    #[error("wav: {0}")]
-    Wav(String),
-}
-
-/// Writes mono samples as a 16-bit PCM WAV.
-pub fn write_wav<W: Write + Seek>(w: W, samples: &[f32], rate: u32) -> Result<(), AudioError> {
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: rate,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
-    let mut wr = hound::WavWriter::new(w, spec).map_err(|e| AudioError::Wav(e.to_string()))?;
-    for &s in samples {
-        let v = (s.clamp(-1.0, 1.0) * 32767.0).round() as i16;
-        wr.write_sample(v)
-            .map_err(|e| AudioError::Wav(e.to_string()))?;
-    }
-    wr.finalize().map_err(|e| AudioError::Wav(e.to_string()))
-}
+pub use self::encode::{EncodeMode, Encoder, encode};
+pub use self::error::AudioError;
+pub use self::format::{AudioFormat, SUPPORTED_FORMATS};
+pub use self::pipeline::{OutputPipeline, OutputSpec};
+pub use self::resample::check_output_rate;
+pub use self::resample::{StreamResampler, resample};
+pub use self::stretch::{TimeStretcher, check_speed, time_stretch};

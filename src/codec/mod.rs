@@ -3,6 +3,8 @@
 //! The decoder session is loaded once and reused for every request. Its contract is checked at load
 //! with a one-frame probe, so a wrong model fails at startup rather than on the first request.
 
+pub mod stream;
+
 use ort::session::Session;
 use ort::value::{Tensor, TensorElementType, ValueType};
 

@@ -171,7 +171,9 @@ impl GenaiConfig {
         if d.num_hidden_layers == 0 {
             return Err("decoder.num_hidden_layers is 0".into());
         }
-        if d.num_key_value_heads == 0 || d.num_attention_heads % d.num_key_value_heads != 0 {
+        if d.num_key_value_heads == 0
+            || !d.num_attention_heads.is_multiple_of(d.num_key_value_heads)
+        {
             return Err(format!(
                 "decoder.num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 d.num_attention_heads, d.num_key_value_heads

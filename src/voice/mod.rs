@@ -3,6 +3,9 @@
 //! A voice is one JSON file `NAME.json` in a voice directory (the repo's `voices/`, a user
 //! directory given by flag or `ONEBIT_VOICES`). Files are validated when the store is opened, so a
 //! bad voice is reported once with its path, not on every request.
+//!
+//! [`import`] turns the vendor's `NAME.pt` + `NAME.txt` pairs (read without torch, see `torch` and
+//! `pickle`), `.npy` arrays and JSON code lists into voices, and saves and removes voice files.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,6 +13,12 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::package::SPEECH_CODES;
+
+pub mod import;
+mod pickle;
+mod torch;
+
+pub use import::{ImportOptions, check_budget, import_path, import_paths, length_warning};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VoiceError {
@@ -21,6 +30,22 @@ pub enum VoiceError {
         "invalid voice name {0:?}: use 1-64 letters, digits, '-' or '_', starting with a letter or digit"
     )]
     BadName(String),
+    #[error("{}: a voice file of this name exists; pass --force to replace it", .0.display())]
+    Exists(PathBuf),
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "voice {name:?}: its reference needs about {needed} prompt tokens, which leaves no room for {} new codes in a {budget}-token context; use a shorter reference (3-15 s)",
+        import::MIN_NEW_CODES
+    )]
+    TooLong {
+        name: String,
+        needed: usize,
+        budget: usize,
+    },
 }
 
 /// One reference voice.

@@ -67,3 +67,208 @@ pub fn tempdir(tag: &str) -> PathBuf {
     std::fs::create_dir_all(&p).unwrap();
     p
 }
+
+// ---- Signal helpers shared by the audio tests. ----
+
+use std::f64::consts::PI;
+use std::io::Cursor;
+
+use symphonia::core::codecs::CodecParameters;
+use symphonia::core::codecs::audio::AudioDecoderOptions;
+use symphonia::core::formats::probe::Hint;
+use symphonia::core::formats::{FormatOptions, TrackType};
+use symphonia::core::io::MediaSourceStream;
+use symphonia::core::meta::MetadataOptions;
+
+pub fn tone(freq: f64, secs: f64, rate: u32, amp: f32) -> Vec<f32> {
+    let n = (secs * f64::from(rate)).round() as usize;
+    (0..n)
+        .map(|i| amp * (2.0 * PI * freq * i as f64 / f64::from(rate)).sin() as f32)
+        .collect()
+}
+
+/// A voiced-speech-like test signal: 140 Hz harmonics to 5 kHz with 1/k amplitudes, slow
+/// vibrato and a 4 Hz syllable envelope, peaking near 0.5.
+pub fn speech_like(secs: f64, rate: u32) -> Vec<f32> {
+    let n = (secs * f64::from(rate)).round() as usize;
+    let sr = f64::from(rate);
+    let mut phase = 0.0f64;
+    let mut out = Vec::with_capacity(n);
+    let harmonics = (5000.0f64.min(sr / 2.0 - 500.0) / 140.0) as usize;
+    for i in 0..n {
+        let t = i as f64 / sr;
+        let f0 = 140.0 * (1.0 + 0.03 * (2.0 * PI * 5.0 * t).sin());
+        phase += 2.0 * PI * f0 / sr;
+        let env = 0.55 + 0.45 * (2.0 * PI * 4.0 * t).sin();
+        let mut s = 0.0;
+        for k in 1..=harmonics {
+            s += (k as f64 * phase).sin() / k as f64;
+        }
+        out.push((0.22 * env * s) as f32);
+    }
+    out
+}
+
+pub fn rms(x: &[f32]) -> f64 {
+    if x.is_empty() {
+        return 0.0;
+    }
+    (x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64).sqrt()
+}
+
+/// Magnitude of the Hann-windowed DFT of `x` at `freq` (Goertzel).
+fn dft_mag(x: &[f32], rate: u32, freq: f64) -> f64 {
+    let n = x.len();
+    let w = 2.0 * PI * freq / f64::from(rate);
+    let coeff = 2.0 * w.cos();
+    let (mut s1, mut s2) = (0.0f64, 0.0f64);
+    for (i, &v) in x.iter().enumerate() {
+        let win = 0.5 - 0.5 * (2.0 * PI * i as f64 / n as f64).cos();
+        let s0 = f64::from(v) * win + coeff * s1 - s2;
+        s2 = s1;
+        s1 = s0;
+    }
+    (s1 * s1 + s2 * s2 - coeff * s1 * s2).max(0.0).sqrt()
+}
+
+/// Frequency of the strongest component between `lo` and `hi` Hz: a 2 Hz scan, then a 0.05 Hz
+/// refinement around the winner.
+pub fn peak_frequency(x: &[f32], rate: u32, lo: f64, hi: f64) -> f64 {
+    let scan = |from: f64, to: f64, step: f64| {
+        let mut best = (f64::MIN, from);
+        let mut f = from;
+        while f <= to {
+            let m = dft_mag(x, rate, f);
+            if m > best.0 {
+                best = (m, f);
+            }
+            f += step;
+        }
+        best.1
+    };
+    let coarse = scan(lo, hi, 2.0);
+    scan(coarse - 2.0, coarse + 2.0, 0.05)
+}
+
+/// Middle part of a signal, skipping `edge` of each end (filter start-up and tails).
+pub fn middle(x: &[f32], edge: f64) -> &[f32] {
+    let skip = (x.len() as f64 * edge) as usize;
+    &x[skip..x.len() - skip]
+}
+
+/// `len` samples from the centre of `x` (all of it if shorter).
+pub fn center(x: &[f32], len: usize) -> &[f32] {
+    let len = len.min(x.len());
+    let from = (x.len() - len) / 2;
+    &x[from..from + len]
+}
+
+/// Best alignment of `decoded` to `reference` among lags within ±`radius` of `centers`
+/// (positive: decoded is late), then the SNR in dB over the overlap at that lag. Candidate lags
+/// are given rather than searched: a periodic test signal correlates well at many wrong lags.
+pub fn aligned_snr(
+    reference: &[f32],
+    decoded: &[f32],
+    centers: &[isize],
+    radius: isize,
+) -> (f64, isize) {
+    let snr_at = |lag: isize| {
+        let mut sig = 0.0f64;
+        let mut noise = 0.0f64;
+        for (i, &a) in reference.iter().enumerate() {
+            let j = i as isize + lag;
+            if j < 0 || j as usize >= decoded.len() {
+                continue;
+            }
+            let b = decoded[j as usize];
+            sig += f64::from(a) * f64::from(a);
+            noise += (f64::from(a) - f64::from(b)).powi(2);
+        }
+        10.0 * (sig / noise.max(1e-20)).log10()
+    };
+    centers
+        .iter()
+        .flat_map(|&c| (c - radius)..=(c + radius))
+        .map(|lag| (snr_at(lag), lag))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .unwrap_or((f64::MIN, 0))
+}
+
+/// Decoded by symphonia: (rate, channels, f32 samples, i16 samples), interleaved.
+pub fn symphonia_decode(bytes: &[u8], ext: &str) -> (u32, usize, Vec<f32>, Vec<i16>) {
+    let mss = MediaSourceStream::new(Box::new(Cursor::new(bytes.to_vec())), Default::default());
+    let mut hint = Hint::new();
+    hint.with_extension(ext);
+    let mut format = symphonia::default::get_probe()
+        .probe(
+            &hint,
+            mss,
+            FormatOptions::default(),
+            MetadataOptions::default(),
+        )
+        .expect("probe");
+    let track = format.default_track(TrackType::Audio).expect("track");
+    let id = track.id;
+    let Some(CodecParameters::Audio(params)) = track.codec_params.clone() else {
+        panic!("no audio params");
+    };
+    let mut decoder = symphonia::default::get_codecs()
+        .make_audio_decoder(&params, &AudioDecoderOptions::default())
+        .expect("decoder");
+    let (mut f, mut s) = (Vec::new(), Vec::new());
+    let (mut tf, mut ts) = (Vec::<f32>::new(), Vec::<i16>::new());
+    let mut rate = params.sample_rate.unwrap_or(0);
+    let mut channels = 0;
+    while let Ok(Some(packet)) = format.next_packet() {
+        if packet.track_id != id {
+            continue;
+        }
+        let buf = decoder.decode(&packet).expect("decode");
+        rate = buf.spec().rate();
+        channels = buf.spec().channels().count();
+        buf.copy_to_vec_interleaved::<f32>(&mut tf);
+        buf.copy_to_vec_interleaved::<i16>(&mut ts);
+        f.extend_from_slice(&tf);
+        s.extend_from_slice(&ts);
+    }
+    (rate, channels, f, s)
+}
+
+/// Ogg Opus decoded with libopus, pre-skip and end trimming applied as RFC 7845 says.
+/// Returns (48 kHz samples, pre-skip, input rate from OpusHead, granules of each page end).
+pub fn opus_decode(bytes: &[u8]) -> (Vec<f32>, usize, u32, Vec<u64>) {
+    let mut reader = ogg::reading::PacketReader::new(Cursor::new(bytes.to_vec()));
+    let head = reader.read_packet_expected().expect("OpusHead");
+    assert_eq!(&head.data[..8], b"OpusHead");
+    assert_eq!(head.data[9], 1, "mono");
+    let pre_skip = u16::from_le_bytes([head.data[10], head.data[11]]) as usize;
+    let input_rate =
+        u32::from_le_bytes([head.data[12], head.data[13], head.data[14], head.data[15]]);
+    let tags = reader.read_packet_expected().expect("OpusTags");
+    assert_eq!(&tags.data[..8], b"OpusTags");
+    let mut decoder = opus::Decoder::new(48_000, opus::Channels::Mono).expect("decoder");
+    let mut pcm = Vec::new();
+    let mut buf = vec![0f32; 5760];
+    let mut granules = Vec::new();
+    let mut last_granule = 0;
+    let mut saw_end = false;
+    while let Some(p) = reader.read_packet().expect("ogg") {
+        let n = decoder
+            .decode_float(&p.data, &mut buf, false)
+            .expect("opus decode");
+        pcm.extend_from_slice(&buf[..n]);
+        if p.last_in_page() {
+            granules.push(p.absgp_page());
+        }
+        last_granule = p.absgp_page();
+        saw_end |= p.last_in_stream();
+    }
+    assert!(saw_end, "stream must be terminated (EOS page)");
+    let end = (last_granule as usize).min(pcm.len());
+    (
+        pcm[pre_skip.min(end)..end].to_vec(),
+        pre_skip,
+        input_rate,
+        granules,
+    )
+}

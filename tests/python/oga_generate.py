@@ -24,7 +24,12 @@ def main():
         for name in os.listdir(model_dir):
             src = os.path.join(model_dir, name)
             if os.path.isfile(src):
-                os.symlink(os.path.abspath(src), os.path.join(tmp, name))
+                # Hard links keep external data inside the model directory (ORT refuses
+                # data that resolves outside it); copy where links are not possible.
+                try:
+                    os.link(src, os.path.join(tmp, name))
+                except OSError:
+                    shutil.copy(src, os.path.join(tmp, name))
         with open(os.path.join(model_dir, "genai_config.json")) as f:
             cfg = json.load(f)
         cfg["search"]["past_present_share_buffer"] = bool(req["share_buffer"])

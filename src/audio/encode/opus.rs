@@ -1,0 +1,202 @@
+//! Ogg Opus (RFC 7845): libopus at 48 kHz, any input rate resampled first.
+
+use ogg::writing::{PacketWriteEndInfo, PacketWriter};
+use opus::{Application, Bitrate, Channels};
+
+use crate::audio::error::AudioError;
+use crate::audio::format::AudioFormat;
+use crate::audio::resample::StreamResampler;
+
+/// Opus' internal rate; Ogg Opus granule positions always count 48 kHz samples.
+pub const OPUS_RATE: u32 = 48_000;
+/// 20 ms frames: the Opus default, the best quality per bit for speech.
+pub const OPUS_FRAME_SAMPLES: usize = 960;
+/// Mono speech is near-transparent here, and it is half of MP3's bandwidth at 44.1 kHz.
+pub const OPUS_BITRATE: i32 = 64_000;
+/// Largest packet libopus produces for one frame (RFC 6716 §3.2.1 limit is 1275 bytes).
+const MAX_PACKET: usize = 1500;
+/// Any fixed serial works for a single-stream file.
+const SERIAL: u32 = 0x6f6e_6562;
+const VENDOR: &str = "onebit-tts libopus";
+
+fn opus_err(message: &str, e: opus::Error) -> AudioError {
+    AudioError::codec_source(AudioFormat::Opus, message, e)
+}
+
+fn ogg_err(e: std::io::Error) -> AudioError {
+    AudioError::codec_source(AudioFormat::Opus, "ogg page", e)
+}
+
+fn opus_head(pre_skip: u16, input_rate: u32) -> Vec<u8> {
+    let mut h = Vec::with_capacity(19);
+    h.extend_from_slice(b"OpusHead");
+    h.push(1); // version
+    h.push(1); // channels
+    h.extend_from_slice(&pre_skip.to_le_bytes());
+    h.extend_from_slice(&input_rate.to_le_bytes());
+    h.extend_from_slice(&0i16.to_le_bytes()); // output gain
+    h.push(0); // mapping family: mono/stereo
+    h
+}
+
+fn opus_tags() -> Vec<u8> {
+    let mut t = Vec::with_capacity(16 + VENDOR.len());
+    t.extend_from_slice(b"OpusTags");
+    t.extend_from_slice(&(VENDOR.len() as u32).to_le_bytes());
+    t.extend_from_slice(VENDOR.as_bytes());
+    t.extend_from_slice(&0u32.to_le_bytes()); // no user comments
+    t
+}
+
+pub(super) struct OpusEncoder {
+    encoder: opus::Encoder,
+    resampler: Option<StreamResampler>,
+    writer: PacketWriter<'static, Vec<u8>>,
+    pre_skip: u64,
+    /// 48 kHz samples not yet in a full frame.
+    frame: Vec<f32>,
+    /// 48 kHz samples of real audio so far (padding excluded).
+    samples_48k: u64,
+    packets: u64,
+    /// The newest packet, not yet written: the Ogg writer only closes a page on a packet marked
+    /// as its end, and whether a packet ends a page (end of a push) or the stream (with the exact
+    /// end granule that tells decoders where the audio stops) is known only afterwards.
+    held: Option<Vec<u8>>,
+    packet_buf: Vec<u8>,
+}
+
+impl OpusEncoder {
+    pub(super) fn new(sample_rate: u32) -> Result<Self, AudioError> {
+        let mut encoder = opus::Encoder::new(OPUS_RATE, Channels::Mono, Application::Audio)
+            .map_err(|e| opus_err("init", e))?;
+        encoder
+            .set_bitrate(Bitrate::Bits(OPUS_BITRATE))
+            .map_err(|e| opus_err("bitrate", e))?;
+        let lookahead = encoder
+            .get_lookahead()
+            .map_err(|e| opus_err("lookahead", e))?;
+        let pre_skip = u16::try_from(lookahead)
+            .map_err(|_| AudioError::codec(AudioFormat::Opus, "encoder lookahead out of range"))?;
+        let resampler = if sample_rate == OPUS_RATE {
+            None
+        } else {
+            Some(StreamResampler::new_unchecked_output(
+                sample_rate,
+                OPUS_RATE,
+            )?)
+        };
+        let mut writer = PacketWriter::new(Vec::new());
+        // Both header packets end their pages, as RFC 7845 §3 requires.
+        writer
+            .write_packet(
+                opus_head(pre_skip, sample_rate),
+                SERIAL,
+                PacketWriteEndInfo::EndPage,
+                0,
+            )
+            .map_err(ogg_err)?;
+        writer
+            .write_packet(opus_tags(), SERIAL, PacketWriteEndInfo::EndPage, 0)
+            .map_err(ogg_err)?;
+        Ok(Self {
+            encoder,
+            resampler,
+            writer,
+            pre_skip: u64::from(pre_skip),
+            frame: Vec::with_capacity(OPUS_FRAME_SAMPLES),
+            samples_48k: 0,
+            packets: 0,
+            held: None,
+            packet_buf: vec![0; MAX_PACKET],
+        })
+    }
+
+    /// Encodes the full frame buffer; the previously held packet is written.
+    fn encode_frame(&mut self) -> Result<(), AudioError> {
+        let n = self
+            .encoder
+            .encode_float(&self.frame, &mut self.packet_buf)
+            .map_err(|e| opus_err("encode", e))?;
+        self.frame.clear();
+        let packet = self.packet_buf[..n].to_vec();
+        if let Some(prev) = self.held.replace(packet) {
+            self.write(prev, false)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the packet that ends at `packets + 1` frames, with its granule position.
+    fn write(&mut self, packet: Vec<u8>, end_page: bool) -> Result<(), AudioError> {
+        self.packets += 1;
+        let granule = self.packets * OPUS_FRAME_SAMPLES as u64;
+        let info = if end_page {
+            PacketWriteEndInfo::EndPage
+        } else {
+            PacketWriteEndInfo::NormalPacket
+        };
+        self.writer
+            .write_packet(packet, SERIAL, info, granule)
+            .map_err(ogg_err)
+    }
+
+    fn feed(&mut self, samples: &[f32]) -> Result<(), AudioError> {
+        self.samples_48k += samples.len() as u64;
+        let mut rest = samples;
+        while !rest.is_empty() {
+            let take = (OPUS_FRAME_SAMPLES - self.frame.len()).min(rest.len());
+            self.frame.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if self.frame.len() == OPUS_FRAME_SAMPLES {
+                self.encode_frame()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn take_bytes(&mut self) -> Vec<u8> {
+        std::mem::take(self.writer.inner_mut())
+    }
+
+    pub(super) fn push(&mut self, samples: &[f32]) -> Result<Vec<u8>, AudioError> {
+        let resampled;
+        let samples = match self.resampler.as_mut() {
+            Some(r) => {
+                resampled = r.process(samples)?;
+                &resampled[..]
+            }
+            None => samples,
+        };
+        self.feed(samples)?;
+        // Close the page so everything encoded so far can be sent now.
+        if let Some(p) = self.held.take() {
+            self.write(p, true)?;
+        }
+        Ok(self.take_bytes())
+    }
+
+    pub(super) fn finish(mut self) -> Result<Vec<u8>, AudioError> {
+        if let Some(r) = self.resampler.take() {
+            let tail = r.finish()?;
+            self.feed(&tail)?;
+        }
+        // The decoder output lags the input by the pre-skip, so encode silence until the packets
+        // cover pre-skip + audio, and at least one packet so there is one to end the stream; the
+        // end granule then trims the padding.
+        let needed = self.pre_skip + self.samples_48k;
+        let mut covered = (self.packets + u64::from(self.held.is_some()))
+            * OPUS_FRAME_SAMPLES as u64
+            + self.frame.len() as u64;
+        while covered < needed || !self.frame.is_empty() || self.held.is_none() {
+            let pad = OPUS_FRAME_SAMPLES - self.frame.len();
+            self.frame.resize(OPUS_FRAME_SAMPLES, 0.0);
+            covered += pad as u64;
+            self.encode_frame()?;
+        }
+        if let Some(last) = self.held.take() {
+            self.writer
+                .write_packet(last, SERIAL, PacketWriteEndInfo::EndStream, needed)
+                .map_err(ogg_err)?;
+        }
+        Ok(self.take_bytes())
+    }
+}

@@ -1,0 +1,84 @@
+use crate::audio::error::AudioError;
+use crate::audio::format::AudioFormat;
+use crate::audio::pcm::push_s16le;
+
+const HEADER_LEN: usize = 44;
+/// Size fields of a streamed WAV: the length is unknown when the header leaves, and the maximum
+/// value is what streaming servers (ffmpeg's pipe output among them) send so players read to EOF.
+const UNKNOWN_SIZE: u32 = u32::MAX;
+
+/// 16-bit mono PCM WAV header. `data_len` is `None` when streaming.
+fn header(sample_rate: u32, data_len: Option<u32>) -> [u8; HEADER_LEN] {
+    let (riff_len, data_len) = match data_len {
+        Some(n) => (n + 36, n),
+        None => (UNKNOWN_SIZE, UNKNOWN_SIZE),
+    };
+    let mut h = [0u8; HEADER_LEN];
+    h[0..4].copy_from_slice(b"RIFF");
+    h[4..8].copy_from_slice(&riff_len.to_le_bytes());
+    h[8..12].copy_from_slice(b"WAVE");
+    h[12..16].copy_from_slice(b"fmt ");
+    h[16..20].copy_from_slice(&16u32.to_le_bytes());
+    h[20..22].copy_from_slice(&1u16.to_le_bytes()); // PCM
+    h[22..24].copy_from_slice(&1u16.to_le_bytes()); // mono
+    h[24..28].copy_from_slice(&sample_rate.to_le_bytes());
+    h[28..32].copy_from_slice(&(sample_rate * 2).to_le_bytes()); // byte rate
+    h[32..34].copy_from_slice(&2u16.to_le_bytes()); // block align
+    h[34..36].copy_from_slice(&16u16.to_le_bytes()); // bits per sample
+    h[36..40].copy_from_slice(b"data");
+    h[40..44].copy_from_slice(&data_len.to_le_bytes());
+    h
+}
+
+pub(super) struct WavEncoder {
+    sample_rate: u32,
+    streaming: bool,
+    header_sent: bool,
+    data: Vec<u8>,
+}
+
+impl WavEncoder {
+    pub(super) fn new(sample_rate: u32, streaming: bool) -> Self {
+        Self {
+            sample_rate,
+            streaming,
+            header_sent: false,
+            data: Vec::new(),
+        }
+    }
+
+    pub(super) fn push(&mut self, samples: &[f32]) -> Result<Vec<u8>, AudioError> {
+        if !self.streaming {
+            push_s16le(samples, &mut self.data);
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::with_capacity(HEADER_LEN + samples.len() * 2);
+        if !self.header_sent {
+            out.extend_from_slice(&header(self.sample_rate, None));
+            self.header_sent = true;
+        }
+        push_s16le(samples, &mut out);
+        Ok(out)
+    }
+
+    pub(super) fn finish(self) -> Result<Vec<u8>, AudioError> {
+        if self.streaming {
+            return Ok(if self.header_sent {
+                Vec::new()
+            } else {
+                header(self.sample_rate, None).to_vec()
+            });
+        }
+        let data_len = u32::try_from(self.data.len())
+            .ok()
+            .filter(|n| n.checked_add(36).is_some())
+            .ok_or(AudioError::TooLongForContainer {
+                format: AudioFormat::Wav,
+                what: "audio",
+            })?;
+        let mut out = Vec::with_capacity(HEADER_LEN + self.data.len());
+        out.extend_from_slice(&header(self.sample_rate, Some(data_len)));
+        out.extend_from_slice(&self.data);
+        Ok(out)
+    }
+}

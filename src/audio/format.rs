@@ -1,0 +1,108 @@
+use std::fmt;
+use std::str::FromStr;
+
+use super::error::AudioError;
+
+/// Output formats, named as in OpenAI's `response_format`.
+///
+/// `aac` is an OpenAI name but is refused: the only maintained AAC encoder reachable from Rust is
+/// Fraunhofer FDK AAC, whose licence is not a free-software licence and grants no patent rights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AudioFormat {
+    Mp3,
+    Opus,
+    Flac,
+    Wav,
+    Pcm,
+}
+
+/// The names [`AudioFormat::from_str`] accepts, for error messages and API docs.
+pub const SUPPORTED_FORMATS: &str = "mp3, opus, flac, wav, pcm";
+
+impl AudioFormat {
+    pub const ALL: [AudioFormat; 5] = [
+        AudioFormat::Mp3,
+        AudioFormat::Opus,
+        AudioFormat::Flac,
+        AudioFormat::Wav,
+        AudioFormat::Pcm,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AudioFormat::Mp3 => "mp3",
+            AudioFormat::Opus => "opus",
+            AudioFormat::Flac => "flac",
+            AudioFormat::Wav => "wav",
+            AudioFormat::Pcm => "pcm",
+        }
+    }
+
+    /// HTTP `Content-Type`. PCM is raw signed 16-bit little-endian mono at the request's rate;
+    /// `audio/L16` would claim big-endian, so it gets the de-facto `audio/pcm` that OpenAI-style
+    /// servers send.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            AudioFormat::Mp3 => "audio/mpeg",
+            AudioFormat::Opus => "audio/ogg; codecs=opus",
+            AudioFormat::Flac => "audio/flac",
+            AudioFormat::Wav => "audio/wav",
+            AudioFormat::Pcm => "audio/pcm",
+        }
+    }
+
+    pub fn extension(self) -> &'static str {
+        self.name()
+    }
+}
+
+impl fmt::Display for AudioFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for AudioFormat {
+    type Err = AudioError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let name = s.trim().to_ascii_lowercase();
+        if let Some(format) = AudioFormat::ALL.into_iter().find(|f| f.name() == name) {
+            return Ok(format);
+        }
+        if name == "aac" {
+            return Err(AudioError::UnsupportedFormat {
+                name: s.to_string(),
+                reason: "no freely licensed AAC encoder is available",
+                supported: SUPPORTED_FORMATS,
+            });
+        }
+        Err(AudioError::UnknownFormat {
+            name: s.to_string(),
+            supported: SUPPORTED_FORMATS,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_openai_names() {
+        for f in AudioFormat::ALL {
+            assert_eq!(f.name().parse::<AudioFormat>().unwrap(), f);
+            assert_eq!(f.name().to_uppercase().parse::<AudioFormat>().unwrap(), f);
+        }
+    }
+
+    #[test]
+    fn rejects_unknown_and_aac() {
+        let e = "ogg".parse::<AudioFormat>().unwrap_err();
+        assert!(matches!(e, AudioError::UnknownFormat { .. }));
+        assert!(e.to_string().contains("mp3, opus, flac, wav, pcm"), "{e}");
+        let e = "aac".parse::<AudioFormat>().unwrap_err();
+        assert!(matches!(e, AudioError::UnsupportedFormat { .. }));
+        assert!(e.to_string().contains("supported: mp3"), "{e}");
+    }
+}

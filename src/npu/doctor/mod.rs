@@ -1,0 +1,947 @@
+//! `onebit-tts doctor` for the NPU route: one PASS/WARN/FAIL line per Linux NPU blocker named
+//! in the reference, each WARN/FAIL with its fix in one line.
+//!
+//! Every file is read through [`SystemRoots`] and the venv/XRT paths given in
+//! [`DoctorInputs`]; everything else (ids, memlock, kernel log, xrt-smi, access(2)) comes from a
+//! [`Host`]. Nothing here opens `/dev/accel/accel0` itself: a close of the device is exactly the
+//! path that has misbehaved (xrt-smi does open it, and is never SIGKILLed).
+
+pub mod host;
+pub mod parse;
+pub mod report;
+
+use std::cmp::Ordering;
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+pub use host::{CommandOutput, Host, Identity, Limit, Memlock, RealHost};
+pub use report::{Check, Report, Status};
+
+use super::PROVIDER_FILE;
+use super::env::{self, EnvInputs, EnvPlan};
+use super::roots::SystemRoots;
+use parse::XrtSmi;
+
+pub const NPU_VENDOR_ID: u16 = 0x1022;
+/// Strix / Strix Halo / Krackan NPU.
+pub const NPU_DEVICE_ID: u16 = 0x17f0;
+/// Phoenix / Hawk Point NPU: not supported by the RyzenAI LLM flow.
+pub const OLD_NPU_DEVICE_ID: u16 = 0x1502;
+/// Minimums from the reference (FastFlowLM's; mainline 6.18 showed DRM 0.1, firmware 1.0.0.166).
+pub const MIN_FIRMWARE: &str = "1.1.0.0";
+pub const MIN_DRM: &str = "0.6";
+
+/// Check names, stable for `--json` consumers.
+pub mod names {
+    pub const MODULE: &str = "amdxdna module";
+    pub const PCI: &str = "NPU PCI device";
+    pub const FIRMWARE_FILE: &str = "NPU firmware file";
+    pub const ACCEL: &str = "accel node";
+    pub const MEMLOCK: &str = "memlock";
+    pub const HUGEPAGES: &str = "hugepages";
+    pub const HUGEPAGES_MOUNT: &str = "hugepages mount";
+    pub const XRT: &str = "XRT";
+    pub const VENV: &str = "RyzenAI venv";
+    pub const PYTHON: &str = "venv python";
+    pub const PROVIDER: &str = "provider library";
+    pub const STALE_XRT: &str = "venv libxrt";
+    pub const WORKER_ENV: &str = "worker env";
+    pub const FW_VERSION: &str = "NPU firmware version";
+    pub const DRM_VERSION: &str = "amdxdna DRM version";
+    pub const KERNEL_LOG: &str = "kernel log";
+}
+
+/// Kernel log lines of known failures: (text to find, what it means, the fix).
+pub const KNOWN_KERNEL_FAILURES: &[(&str, &str, &str)] = &[
+    (
+        "aie2_check_protocol: Incompatible firmware protocol",
+        "NPU firmware and amdxdna driver disagree on the protocol",
+        "the firmware is newer than this kernel's amdxdna: boot a newer kernel, or restore the \
+         amdnpu firmware that matches this kernel, then reboot",
+    ),
+    (
+        "firmware is not alive",
+        "the NPU firmware did not start",
+        "usually follows the protocol mismatch: match kernel and firmware (see above), then reboot",
+    ),
+    (
+        "HW Context is not ready",
+        "the driver rejected a hardware context (ELF-loaded contexts need a newer amdxdna)",
+        "use a kernel whose amdxdna reports DRM >= 0.6 (newer kernel)",
+    ),
+    (
+        "aie2_hwctx_restart: Map host buf failed",
+        "a process holding the NPU was SIGKILLed or crashed; the close path failed",
+        "reboot before trusting the NPU again; never SIGKILL the worker \
+         (onebit-tts leaves an NPU holder running instead)",
+    ),
+    (
+        "amdxdna_drm_close: Resume failed",
+        "the device failed to resume while a holder closed it (seen after SIGKILL)",
+        "reboot before trusting the NPU again; never SIGKILL the worker",
+    ),
+];
+
+/// What the doctor checks besides the system trees.
+#[derive(Debug, Clone, Default)]
+pub struct DoctorInputs {
+    pub roots: SystemRoots,
+    /// ONEBIT_RYZENAI_ROOT.
+    pub ryzenai_root: Option<PathBuf>,
+    /// ONEBIT_XRT_ROOT.
+    pub xrt_root_knob: Option<PathBuf>,
+    /// $XILINX_XRT.
+    pub xilinx_xrt: Option<PathBuf>,
+    /// The worker executable (a provider copy beside it wins over the venv's).
+    pub worker_exe: Option<PathBuf>,
+}
+
+impl DoctorInputs {
+    /// The real system, the knobs from this process's environment, this executable as worker.
+    pub fn from_process() -> Self {
+        let worker = std::env::current_exe().unwrap_or_default();
+        let e = EnvInputs::from_process(true, worker.clone());
+        DoctorInputs {
+            roots: SystemRoots::default(),
+            ryzenai_root: e.ryzenai_root,
+            xrt_root_knob: e.xrt_root_knob,
+            xilinx_xrt: e.xilinx_xrt,
+            worker_exe: (!worker.as_os_str().is_empty()).then_some(worker),
+        }
+    }
+}
+
+/// Runs every check, in the order a fix would go (driver, device, access, limits, XRT, venv,
+/// versions, kernel log).
+pub fn run(inputs: &DoctorInputs, host: &dyn Host) -> Report {
+    let mut d = Doctor {
+        i: inputs,
+        host,
+        checks: Vec::new(),
+    };
+    let module_loaded = d.module();
+    let pci = d.pci();
+    d.firmware_file(pci.as_ref());
+    d.accel(module_loaded);
+    d.memlock();
+    d.hugepages();
+    let smi = d.xrt();
+    if d.venv() {
+        d.python();
+        d.provider();
+        d.stale_xrt();
+        d.worker_env();
+    }
+    let log = host.kernel_log();
+    d.firmware_version(pci.as_ref(), smi.as_ref());
+    d.drm_version(log.as_ref().ok().map(String::as_str));
+    d.kernel_log(log);
+    Report { checks: d.checks }
+}
+
+struct Doctor<'a> {
+    i: &'a DoctorInputs,
+    host: &'a dyn Host,
+    checks: Vec<Check>,
+}
+
+/// The NPU's PCI function.
+struct Pci {
+    bdf: String,
+    dir: PathBuf,
+    revision: Option<u8>,
+}
+
+fn read(path: &Path) -> io::Result<String> {
+    fs::read_to_string(path)
+}
+
+fn hex_u16(s: &str) -> Option<u16> {
+    u16::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
+}
+
+fn files_starting(dir: &Path, prefix: &str) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The version in a versioned library name: `libxrt_coreutil.so.2.19.0` -> `2.19.0`.
+fn soname_version(name: &str) -> Option<&str> {
+    name.split_once(".so.").map(|(_, v)| v)
+}
+
+impl Doctor<'_> {
+    fn push(&mut self, c: Check) {
+        self.checks.push(c);
+    }
+
+    fn roots(&self) -> &SystemRoots {
+        &self.i.roots
+    }
+
+    fn module(&mut self) -> bool {
+        let r = self.roots();
+        let kernel = read(&r.proc.join("sys/kernel/osrelease"))
+            .map(|k| format!(", kernel {}", k.trim()))
+            .unwrap_or_default();
+        let listed = read(&r.proc.join("modules"))
+            .ok()
+            .and_then(|m| parse::module_taint(&m, "amdxdna"));
+        let sys_dir = r.sys.join("module/amdxdna");
+        let taint = listed.clone().or_else(|| {
+            sys_dir.is_dir().then(|| {
+                read(&sys_dir.join("taint"))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string()
+            })
+        });
+        let Some(taint) = taint else {
+            self.push(Check::fail(
+                names::MODULE,
+                format!("amdxdna is not loaded{kernel}"),
+                "sudo modprobe amdxdna (in-tree since Linux 6.14; older kernels need an upgrade)",
+            ));
+            return false;
+        };
+        let how = if listed.is_some() {
+            "module"
+        } else {
+            "built in"
+        };
+        if taint.contains('O') {
+            self.push(Check::warn(
+                names::MODULE,
+                format!("loaded ({how}), out-of-tree build (taint {taint}){kernel}"),
+                "an out-of-tree amdxdna (the vendor XRT's DKMS?) replaced the in-tree one: \
+                 remove that DKMS package and reboot; use dpkg-deb -x for XRT, never dpkg -i",
+            ));
+        } else {
+            self.push(Check::pass(
+                names::MODULE,
+                format!("loaded ({how}, in-tree){kernel}"),
+            ));
+        }
+        true
+    }
+
+    fn pci(&mut self) -> Option<Pci> {
+        let base = self.roots().pci_devices();
+        let mut old = None;
+        let mut found = None;
+        let mut entries: Vec<_> = fs::read_dir(&base)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let dir = e.path();
+            let vendor = read(&dir.join("vendor")).ok().and_then(|v| hex_u16(&v));
+            let device = read(&dir.join("device")).ok().and_then(|v| hex_u16(&v));
+            if vendor != Some(NPU_VENDOR_ID) {
+                continue;
+            }
+            let bdf = e.file_name().to_string_lossy().into_owned();
+            if device == Some(NPU_DEVICE_ID) {
+                found = Some(Pci {
+                    revision: read(&dir.join("revision"))
+                        .ok()
+                        .and_then(|r| hex_u16(&r))
+                        .and_then(|r| u8::try_from(r).ok()),
+                    bdf,
+                    dir,
+                });
+                break;
+            }
+            if device == Some(OLD_NPU_DEVICE_ID) {
+                old = Some(bdf);
+            }
+        }
+        let Some(pci) = found else {
+            match old {
+                Some(bdf) => self.push(Check::fail(
+                    names::PCI,
+                    format!("only a Phoenix/Hawk Point NPU (1022:1502) at {bdf}"),
+                    "the RyzenAI LLM flow needs a Strix-class NPU (1022:17f0); use --device cpu here",
+                )),
+                None => self.push(Check::fail(
+                    names::PCI,
+                    format!("no AMD NPU (1022:17f0) under {}", base.display()),
+                    "enable the NPU (IPU) in the firmware setup; in a VM pass the PCI function through",
+                )),
+            }
+            return None;
+        };
+        let rev = pci
+            .revision
+            .map(|r| format!(" rev 0x{r:02x}"))
+            .unwrap_or_default();
+        let driver = fs::read_link(pci.dir.join("driver"))
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+        let what = format!("1022:17f0{rev} at {}", pci.bdf);
+        match driver.as_deref() {
+            Some("amdxdna") => {
+                self.push(Check::pass(names::PCI, format!("{what}, driver amdxdna")))
+            }
+            Some(other) => self.push(Check::fail(
+                names::PCI,
+                format!("{what} is bound to {other}, not amdxdna"),
+                format!(
+                    "unbind it (echo {} | sudo tee /sys/bus/pci/drivers/{other}/unbind) and modprobe amdxdna",
+                    pci.bdf
+                ),
+            )),
+            None => self.push(Check::fail(
+                names::PCI,
+                format!("{what}, no driver bound"),
+                "sudo modprobe amdxdna, then look at `sudo dmesg | grep amdxdna` for why it did not bind",
+            )),
+        }
+        Some(pci)
+    }
+
+    fn firmware_file(&mut self, pci: Option<&Pci>) {
+        // The driver asks for amdnpu/<device>_<revision>/npu*.sbin; without the revision any
+        // 17f0_* directory is accepted.
+        let wanted = pci
+            .and_then(|p| p.revision)
+            .map(|r| format!("{NPU_DEVICE_ID:04x}_{r:02x}"));
+        let shown = wanted
+            .clone()
+            .unwrap_or_else(|| format!("{NPU_DEVICE_ID:04x}_*"));
+        let is_fw =
+            |n: &str| n.starts_with("npu") && (n.ends_with(".sbin") || n.contains(".sbin."));
+        let dirs = self.roots().firmware_dirs();
+        for base in &dirs {
+            let amdnpu = base.join("amdnpu");
+            let ids: Vec<String> = match &wanted {
+                Some(w) => vec![w.clone()],
+                None => files_starting(&amdnpu, &format!("{NPU_DEVICE_ID:04x}_")),
+            };
+            for id in ids {
+                if let Some(f) = files_starting(&amdnpu.join(&id), "npu")
+                    .into_iter()
+                    .find(|n| is_fw(n))
+                {
+                    self.push(Check::pass(
+                        names::FIRMWARE_FILE,
+                        format!("amdnpu/{id}/{f} in {}", base.display()),
+                    ));
+                    return;
+                }
+            }
+        }
+        self.push(Check::fail(
+            names::FIRMWARE_FILE,
+            format!(
+                "no amdnpu/{shown}/npu*.sbin under {}",
+                dirs.last()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default()
+            ),
+            format!(
+                "install a linux-firmware release that has amdnpu/{shown}/ (or copy that folder \
+                 from linux-firmware.git into /lib/firmware/amdnpu/), then reboot"
+            ),
+        ));
+    }
+
+    fn accel(&mut self, module_loaded: bool) {
+        let r = self.roots().clone();
+        let node = r.accel_node();
+        let meta = match fs::metadata(&node) {
+            Ok(m) => m,
+            Err(e) => {
+                let fix = if module_loaded {
+                    "amdxdna is loaded but made no node: see `sudo dmesg | grep amdxdna`; in a \
+                     container pass it with --device /dev/accel/accel0"
+                } else {
+                    "load amdxdna (see above); in a container pass --device /dev/accel/accel0"
+                };
+                let detail = if e.kind() == io::ErrorKind::NotFound {
+                    format!("{} does not exist", node.display())
+                } else {
+                    format!("{}: {e}", node.display())
+                };
+                self.push(Check::fail(names::ACCEL, detail, fix));
+                return;
+            }
+        };
+        let id = self.host.identity();
+        let groups = read(&r.etc.join("group"))
+            .map(|t| parse::parse_groups(&t))
+            .unwrap_or_default();
+        let passwd = read(&r.etc.join("passwd")).unwrap_or_default();
+        let group_name = |gid: u32| {
+            groups
+                .iter()
+                .find(|g| g.gid == gid)
+                .map(|g| g.name.clone())
+                .unwrap_or_else(|| gid.to_string())
+        };
+        let user_name = |uid: u32| parse::passwd_name(&passwd, uid);
+        let userns = read(&r.proc.join("self/uid_map"))
+            .map(|m| parse::in_user_namespace(&m))
+            .unwrap_or(false);
+        let overflow_gid: u32 = read(&r.proc.join("sys/kernel/overflowgid"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(65_534);
+
+        let mode = meta.mode() & 0o777;
+        let (ouid, ogid) = (meta.uid(), meta.gid());
+        let gname = group_name(ogid);
+        let owner = user_name(ouid).unwrap_or_else(|| ouid.to_string());
+        // Only inside a user namespace does the overflow gid mean "unmapped"; outside one it
+        // is just the nogroup group.
+        let unmapped = userns && ogid == overflow_gid;
+        // POSIX order: owner bits if we own it, else group bits if in the group, else other.
+        let bits_rw = if id.uid == 0 && !unmapped {
+            true
+        } else if id.uid == ouid {
+            mode & 0o600 == 0o600
+        } else if id.in_group(ogid) {
+            mode & 0o060 == 0o060
+        } else {
+            mode & 0o006 == 0o006
+        };
+        let access = self.host.access_rw(&node);
+        let rw = access.unwrap_or(bits_rw);
+        let my_groups: Vec<String> = std::iter::once(id.gid)
+            .chain(id.groups.iter().copied())
+            .map(group_name)
+            .collect();
+        let detail = format!(
+            "{} {owner}:{gname} {mode:04o}; you: uid {} groups {}{}",
+            node.display(),
+            id.uid,
+            my_groups.join(","),
+            if userns { " (in a user namespace)" } else { "" }
+        );
+        if rw {
+            let via_acl = if access == Some(true) && !bits_rw {
+                " (granted beyond the mode bits, e.g. an ACL)"
+            } else {
+                ""
+            };
+            self.push(Check::pass(
+                names::ACCEL,
+                format!("{detail}: read+write ok{via_acl}"),
+            ));
+            return;
+        }
+        let me = user_name(id.uid);
+        let listed_in_group = me.as_ref().is_some_and(|me| {
+            groups
+                .iter()
+                .any(|g| g.gid == ogid && g.members.iter().any(|m| m == me))
+        });
+        let (why, fix) = if unmapped || (userns && !id.in_group(ogid)) {
+            (
+                "the node's group is not mapped into this user namespace (rootless container)"
+                    .to_string(),
+                "rootless containers cannot open the NPU: run the container rootful with \
+                 --device /dev/accel/accel0, or add a host udev rule that opens the node up"
+                    .to_string(),
+            )
+        } else if bits_rw {
+            (
+                "the mode bits allow you but access(2) refuses (user namespace or LSM)".to_string(),
+                "run rootful, or allow the device in the SELinux/AppArmor policy".to_string(),
+            )
+        } else if mode & 0o060 == 0o060 && !id.in_group(ogid) && listed_in_group {
+            (
+                format!("you are in group {gname} in /etc/group, but this session predates it"),
+                format!("log out and in again (or run under `newgrp {gname}`)"),
+            )
+        } else if mode & 0o060 == 0o060 && !id.in_group(ogid) {
+            (
+                format!("you are not in group {gname}"),
+                format!(
+                    "sudo usermod -aG {gname} $USER, then log out and in (containers: --group-add {ogid})"
+                ),
+            )
+        } else {
+            (
+                format!("mode {mode:04o} gives group {gname} no read+write"),
+                "add a udev rule: KERNEL==\"accel*\", SUBSYSTEM==\"accel\", GROUP=\"render\", \
+                 MODE=\"0660\" in /etc/udev/rules.d/70-amdxdna.rules, then udevadm trigger"
+                    .to_string(),
+            )
+        };
+        self.push(Check::fail(names::ACCEL, format!("{detail}: {why}"), fix));
+    }
+
+    fn memlock(&mut self) {
+        match self.host.memlock() {
+            Ok(Memlock {
+                soft: Limit::Unlimited,
+                ..
+            }) => self.push(Check::pass(names::MEMLOCK, "unlimited")),
+            Ok(Memlock { soft, hard }) => {
+                let fix = if hard == Limit::Unlimited {
+                    "ulimit -l unlimited before starting (systemd: LimitMEMLOCK=infinity)"
+                } else {
+                    "raise it: '* - memlock unlimited' in /etc/security/limits.d/, \
+                     systemd LimitMEMLOCK=infinity, docker/podman --ulimit memlock=-1"
+                };
+                self.push(Check::fail(
+                    names::MEMLOCK,
+                    format!("soft {soft}, hard {hard}: NPU buffer mapping needs unlimited"),
+                    fix,
+                ));
+            }
+            Err(e) => self.push(Check::warn(
+                names::MEMLOCK,
+                format!("could not read: {e}"),
+                "check `ulimit -l` says unlimited",
+            )),
+        }
+    }
+
+    fn hugepages(&mut self) {
+        let r = self.roots().clone();
+        let meminfo = r.proc.join("meminfo");
+        match read(&meminfo).map(|t| parse::meminfo_value(&t, "HugePages_Total")) {
+            Ok(Some(n)) if n > 0 => {
+                self.push(Check::pass(names::HUGEPAGES, format!("{n} reserved")))
+            }
+            Ok(Some(_)) => self.push(Check::warn(
+                names::HUGEPAGES,
+                "none reserved (HugePages_Total 0); seen needed on some systems (ZimaOS)",
+                "if device mapping fails: sudo sysctl vm.nr_hugepages=64 (persist in /etc/sysctl.d/)",
+            )),
+            Ok(None) | Err(_) => self.push(Check::warn(
+                names::HUGEPAGES,
+                format!("no HugePages_Total in {}", meminfo.display()),
+                "a kernel without hugetlbfs: if device mapping fails, use one with it",
+            )),
+        }
+        let mp = r.hugepages_mount();
+        let mp_s = mp.to_string_lossy();
+        match read(&r.proc.join("mounts")) {
+            Ok(m) if parse::has_mount(&m, &mp_s, "hugetlbfs") => self.push(Check::pass(
+                names::HUGEPAGES_MOUNT,
+                format!("hugetlbfs on {mp_s}"),
+            )),
+            Ok(_) => self.push(Check::warn(
+                names::HUGEPAGES_MOUNT,
+                format!("no hugetlbfs on {mp_s}"),
+                format!("if device mapping fails: sudo mount -t hugetlbfs none {mp_s}"),
+            )),
+            Err(e) => self.push(Check::warn(
+                names::HUGEPAGES_MOUNT,
+                format!("cannot read the mount table: {e}"),
+                format!("check `findmnt {mp_s}`"),
+            )),
+        }
+    }
+
+    fn xrt(&mut self) -> Option<XrtSmi> {
+        let (root, source) = env::xrt_root(
+            self.i.xrt_root_knob.as_deref(),
+            self.i.xilinx_xrt.as_deref(),
+        );
+        let fix_install = "extract the XRT debs (dpkg-deb -x xrt_*.deb DIR, also the amdxdna plugin \
+                           deb) and export ONEBIT_XRT_ROOT=DIR/opt/xilinx/xrt; never dpkg -i them";
+        let lib = root.join("lib");
+        let where_ = format!("{} ({source})", root.display());
+        if !lib.is_dir() {
+            self.push(Check::fail(
+                names::XRT,
+                format!("no XRT at {where_}: {} is missing", lib.display()),
+                fix_install,
+            ));
+            return None;
+        }
+        let coreutil = files_starting(&lib, "libxrt_coreutil.so");
+        let shim = files_starting(&lib, "libxrt_driver_xdna.so");
+        if coreutil.is_empty() || shim.is_empty() {
+            let missing = if coreutil.is_empty() {
+                "libxrt_coreutil.so"
+            } else {
+                "libxrt_driver_xdna.so (the NPU shim from the amdxdna plugin deb)"
+            };
+            self.push(Check::fail(
+                names::XRT,
+                format!("XRT at {where_} has no {missing}"),
+                fix_install,
+            ));
+            return None;
+        }
+        // Version from files first (version.json, then the library's soname), then xrt-smi,
+        // which also reports the NPU firmware it sees.
+        let json_version = read(&root.join("version.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.get("BUILD_VERSION")?.as_str().map(String::from));
+        let so_version = coreutil
+            .iter()
+            .filter_map(|n| soname_version(n))
+            .max_by_key(|v| v.len())
+            .map(String::from);
+        let smi_path = root.join("bin/xrt-smi");
+        let mut smi = None;
+        let mut smi_note = String::new();
+        if smi_path.is_file() {
+            let env = [
+                ("XILINX_XRT", root.clone().into_os_string()),
+                ("LD_LIBRARY_PATH", lib.clone().into_os_string()),
+            ];
+            match self.host.run(&smi_path, &["examine"], &env) {
+                Ok(out) if out.code == Some(0) => {
+                    let s = parse::parse_xrt_smi(&out.stdout);
+                    if s.devices == 0 {
+                        smi_note = "; xrt-smi examine lists no device".into();
+                    }
+                    smi = Some(s);
+                }
+                Ok(out) => {
+                    smi_note = format!(
+                        "; xrt-smi examine failed ({}): {}",
+                        out.code
+                            .map_or("signal".to_string(), |c| format!("exit {c}")),
+                        out.stderr
+                            .lines()
+                            .chain(out.stdout.lines())
+                            .next()
+                            .unwrap_or("")
+                    )
+                }
+                Err(e) => smi_note = format!("; xrt-smi examine: {e}"),
+            }
+        }
+        let version = json_version
+            .or_else(|| smi.as_ref().and_then(|s| s.xrt_version.clone()))
+            .or(so_version)
+            .unwrap_or_else(|| "version unknown".into());
+        let detail = format!("{version} at {where_}{smi_note}");
+        if smi_note.is_empty() {
+            self.push(Check::pass(names::XRT, detail));
+        } else {
+            self.push(Check::warn(
+                names::XRT,
+                detail,
+                "run `xrt-smi examine` with XILINX_XRT and LD_LIBRARY_PATH set to this XRT and \
+                 fix what it says (often the accel node's access or the firmware)",
+            ));
+        }
+        smi
+    }
+
+    /// The venv line; false when there is no usable venv (the venv-dependent checks are then
+    /// left out: this one line says what to do).
+    fn venv(&mut self) -> bool {
+        let Some(venv) = self.i.ryzenai_root.clone() else {
+            self.push(Check::fail(
+                names::VENV,
+                "ONEBIT_RYZENAI_ROOT is not set: the NPU route is off",
+                "export ONEBIT_RYZENAI_ROOT=<the RyzenAI 1.8 venv>",
+            ));
+            return false;
+        };
+        let fix = "ONEBIT_RYZENAI_ROOT must name the RyzenAI 1.8 venv (its deployment/lib holds \
+                   libonnxruntime-genai.so and the provider)";
+        let lib = env::venv_lib_dir(&venv);
+        if !venv.is_dir() {
+            self.push(Check::fail(
+                names::VENV,
+                format!("{} is not a directory", venv.display()),
+                fix,
+            ));
+            return false;
+        }
+        if !lib.is_dir() {
+            self.push(Check::fail(
+                names::VENV,
+                format!("{} is missing", lib.display()),
+                fix,
+            ));
+            return false;
+        }
+        let genai = files_starting(&lib, "libonnxruntime-genai.so");
+        if genai.is_empty() {
+            self.push(Check::fail(
+                names::VENV,
+                format!("no libonnxruntime-genai.so in {}", lib.display()),
+                fix,
+            ));
+            return false;
+        }
+        let ort = files_starting(&lib, "libonnxruntime.so");
+        self.push(Check::pass(
+            names::VENV,
+            format!(
+                "{} has {}{}",
+                lib.display(),
+                genai[0],
+                ort.first().map(|o| format!(", {o}")).unwrap_or_default()
+            ),
+        ));
+        true
+    }
+
+    fn venv_path(&self) -> PathBuf {
+        self.i.ryzenai_root.clone().unwrap_or_default()
+    }
+
+    fn python(&mut self) {
+        let venv = self.venv_path();
+        let fix = "RyzenAI 1.8 needs python 3.12: recreate the venv with python3.12";
+        if venv.join("bin/python3.12").exists() {
+            self.push(Check::pass(names::PYTHON, "python3.12 (bin/python3.12)"));
+            return;
+        }
+        let cfg = venv.join("pyvenv.cfg");
+        match read(&cfg).ok().and_then(|t| parse::pyvenv_version(&t)) {
+            Some(v) if v.starts_with("3.12.") || v == "3.12" => self.push(Check::pass(
+                names::PYTHON,
+                format!("python {v} (pyvenv.cfg)"),
+            )),
+            Some(v) => self.push(Check::fail(names::PYTHON, format!("python {v}"), fix)),
+            None => self.push(Check::fail(
+                names::PYTHON,
+                format!("no bin/python3.12 and no version in {}", cfg.display()),
+                fix,
+            )),
+        }
+    }
+
+    fn provider(&mut self) {
+        let beside = self
+            .i
+            .worker_exe
+            .as_deref()
+            .and_then(Path::parent)
+            .map(|d| d.join(PROVIDER_FILE))
+            .filter(|p| p.is_file());
+        let in_venv = env::venv_lib_dir(&self.venv_path()).join(PROVIDER_FILE);
+        match beside {
+            Some(p) => self.push(Check::pass(
+                names::PROVIDER,
+                format!("{} (beside the worker; wins over the venv's)", p.display()),
+            )),
+            None if in_venv.is_file() => {
+                self.push(Check::pass(names::PROVIDER, in_venv.display().to_string()))
+            }
+            None => self.push(Check::fail(
+                names::PROVIDER,
+                format!(
+                    "no {PROVIDER_FILE} in {}",
+                    in_venv.parent().unwrap_or(&in_venv).display()
+                ),
+                "install the RyzenAI 1.8 venv completely (its deployment/lib ships the provider)",
+            )),
+        }
+    }
+
+    fn stale_xrt(&mut self) {
+        let site = self.venv_path().join("lib/python3.12/site-packages");
+        let mut found = Vec::new();
+        find_files(&site, "libxrt_coreutil.so", 8, &mut found);
+        found.sort();
+        if found.is_empty() {
+            self.push(Check::pass(
+                names::STALE_XRT,
+                "no libxrt_coreutil.so bundled in the venv",
+            ));
+            return;
+        }
+        let (xrt, _) = env::xrt_root(
+            self.i.xrt_root_knob.as_deref(),
+            self.i.xilinx_xrt.as_deref(),
+        );
+        let list: Vec<String> = found
+            .iter()
+            .map(|p| p.strip_prefix(&site).unwrap_or(p).display().to_string())
+            .collect();
+        let own = files_starting(&xrt.join("lib"), "libxrt_coreutil.so");
+        if own.is_empty() {
+            self.push(Check::fail(
+                names::STALE_XRT,
+                format!(
+                    "the venv bundles {} and {}/lib has none to put before it",
+                    list.join(", "),
+                    xrt.display()
+                ),
+                "point ONEBIT_XRT_ROOT at a real XRT (extracted debs); the bundled copy is stale",
+            ));
+        } else {
+            self.push(Check::pass(
+                names::STALE_XRT,
+                format!(
+                    "the venv bundles {} (stale); the worker puts {}/lib first, so it does not win",
+                    list.join(", "),
+                    xrt.display()
+                ),
+            ));
+        }
+    }
+
+    fn worker_env(&mut self) {
+        let inputs = EnvInputs {
+            provider_declared: true,
+            ryzenai_root: self.i.ryzenai_root.clone(),
+            xrt_root_knob: self.i.xrt_root_knob.clone(),
+            xilinx_xrt: self.i.xilinx_xrt.clone(),
+            ld_library_path: std::env::var_os(env::LD_LIBRARY_PATH_VAR),
+            worker_exe: self.i.worker_exe.clone().unwrap_or_default(),
+        };
+        match env::worker_env(&inputs) {
+            Ok(plan @ EnvPlan::Set(_)) => self.push(Check::pass(
+                names::WORKER_ENV,
+                plan.to_string()
+                    .trim_start_matches("worker env: ")
+                    .to_string(),
+            )),
+            Ok(EnvPlan::Unchanged(why)) => self.push(Check::warn(
+                names::WORKER_ENV,
+                format!("unchanged: {why}"),
+                "set ONEBIT_RYZENAI_ROOT",
+            )),
+            Err(e) => self.push(Check::fail(
+                names::WORKER_ENV,
+                e.to_string(),
+                "move the venv/XRT to a path without ':'",
+            )),
+        }
+    }
+
+    fn firmware_version(&mut self, pci: Option<&Pci>, smi: Option<&XrtSmi>) {
+        let mut candidates = vec![self.roots().accel_sysfs_device().join("fw_version")];
+        if let Some(p) = pci {
+            candidates.push(p.dir.join("fw_version"));
+        }
+        let from_sysfs = candidates
+            .iter()
+            .find_map(|p| read(p).ok().map(|v| (v.trim().to_string(), "sysfs")));
+        let found = from_sysfs.or_else(|| {
+            smi.and_then(|s| s.firmware_version.clone())
+                .map(|v| (v, "xrt-smi"))
+        });
+        self.version_line(
+            names::FW_VERSION,
+            found,
+            MIN_FIRMWARE,
+            "a newer linux-firmware (amdnpu) with a kernel whose amdxdna speaks its protocol",
+            (
+                "no fw_version in sysfs and no answer from xrt-smi",
+                "read it with `xrt-smi examine`",
+            ),
+        );
+    }
+
+    fn drm_version(&mut self, log: Option<&str>) {
+        let found = log
+            .and_then(parse::drm_version_from_log)
+            .map(|v| (v, "kernel log"));
+        self.version_line(
+            names::DRM_VERSION,
+            found,
+            MIN_DRM,
+            "a newer kernel (amdxdna DRM version rises with it)",
+            (
+                "no \"Initialized amdxdna\" line in a readable kernel log",
+                "sudo dmesg | grep 'Initialized amdxdna'",
+            ),
+        );
+    }
+
+    /// Versions below the reference's minimums are WARN, not FAIL: those minimums are
+    /// FastFlowLM's, and the RyzenAI route is not known to need them; the kernel-log check
+    /// fails the concrete symptoms ("HW Context is not ready", protocol mismatch).
+    fn version_line(
+        &mut self,
+        name: &'static str,
+        found: Option<(String, &str)>,
+        min: &str,
+        upgrade: &str,
+        (unknown, how_to_read): (&str, &str),
+    ) {
+        let Some((v, from)) = found else {
+            self.push(Check::warn(
+                name,
+                format!("unknown: {unknown}"),
+                how_to_read,
+            ));
+            return;
+        };
+        let min_parts = parse::version_parts(min).unwrap_or_default();
+        match parse::version_parts(&v).map(|p| parse::compare_versions(&p, &min_parts)) {
+            Some(Ordering::Less) => self.push(Check::warn(
+                name,
+                format!("{v} ({from}) is below {min}, the minimum known to work for NPU LLMs"),
+                format!("if NPU loads fail: {upgrade}"),
+            )),
+            Some(_) => self.push(Check::pass(name, format!("{v} ({from}), >= {min}"))),
+            None => self.push(Check::warn(
+                name,
+                format!("{v:?} ({from}) is not a version"),
+                "read it with `xrt-smi examine`",
+            )),
+        }
+    }
+
+    fn kernel_log(&mut self, log: Result<String, super::NpuError>) {
+        let log = match log {
+            Ok(l) => l,
+            Err(e) => {
+                self.push(Check::warn(
+                    names::KERNEL_LOG,
+                    format!("not readable: {e}"),
+                    "sudo dmesg | grep -E 'amdxdna|aie2' (kernel.dmesg_restrict blocks users)",
+                ));
+                return;
+            }
+        };
+        let mut any = false;
+        for (pattern, what, fix) in KNOWN_KERNEL_FAILURES {
+            let hits: Vec<&str> = log.lines().filter(|l| l.contains(pattern)).collect();
+            if let Some(last) = hits.last() {
+                any = true;
+                self.push(Check::fail(
+                    names::KERNEL_LOG,
+                    format!("{what}: {} ({} since boot)", last.trim(), hits.len()),
+                    *fix,
+                ));
+            }
+        }
+        if !any {
+            self.push(Check::pass(
+                names::KERNEL_LOG,
+                "none of the known amdxdna failures since boot",
+            ));
+        }
+    }
+}
+
+/// Files whose name starts with `prefix` under `dir`, without following symlinks, at most
+/// `depth` levels down (site-packages is deep but the bundled libraries sit near the top).
+fn find_files(dir: &Path, prefix: &str, depth: usize, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Ok(ft) = e.file_type() else { continue };
+        let name = e.file_name();
+        if name.to_string_lossy().starts_with(prefix) && !ft.is_dir() {
+            out.push(e.path());
+        } else if ft.is_dir() && depth > 0 {
+            find_files(&e.path(), prefix, depth - 1, out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,629 @@
+//! Every doctor check, PASS and FAIL, over a fake system tree in a temp dir.
+
+use std::cell::RefCell;
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use super::*;
+use crate::npu::NpuError;
+
+struct Fake {
+    root: PathBuf,
+    /// Owner and group of files we create (whoever runs the tests).
+    uid: u32,
+    gid: u32,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+fn write(p: &Path, text: &str) {
+    fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    fs::write(p, text).expect("write");
+}
+
+impl Fake {
+    /// A system on which every check passes.
+    fn healthy(tag: &str) -> Fake {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "npu-doctor-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).expect("root");
+        let m = fs::metadata(&root).expect("meta");
+        let f = Fake {
+            root,
+            uid: m.uid(),
+            gid: m.gid(),
+        };
+        let r = f.roots();
+        write(
+            &r.proc.join("modules"),
+            "kvm 1 0 - Live 0x0\namdxdna 200704 0 - Live 0x0\n",
+        );
+        write(&r.proc.join("sys/kernel/osrelease"), "6.18.0\n");
+        write(
+            &r.proc.join("self/uid_map"),
+            "         0          0 4294967295\n",
+        );
+        write(
+            &r.proc.join("meminfo"),
+            "MemTotal: 1 kB\nHugePages_Total:      16\n",
+        );
+        write(
+            &r.proc.join("mounts"),
+            &format!(
+                "proc /proc proc rw 0 0\nhugetlbfs {} hugetlbfs rw,pagesize=2M 0 0\n",
+                r.hugepages_mount().display()
+            ),
+        );
+        let pci = f.pci_dir();
+        write(&pci.join("vendor"), "0x1022\n");
+        write(&pci.join("device"), "0x17f0\n");
+        write(&pci.join("revision"), "0x11\n");
+        fs::create_dir_all(r.sys.join("bus/pci/drivers/amdxdna")).expect("mkdir");
+        symlink("../../../bus/pci/drivers/amdxdna", pci.join("driver")).expect("symlink");
+        let gpu = r.pci_devices().join("0000:c4:00.0");
+        write(&gpu.join("vendor"), "0x1002\n");
+        write(&gpu.join("device"), "0x1586\n");
+        write(&r.accel_sysfs_device().join("fw_version"), "1.1.0.5\n");
+        write(&r.lib.join("firmware/amdnpu/17f0_11/npu.sbin.zst"), "fw");
+        write(&r.etc.join("group"), &format!("render:x:{}:\n", f.gid));
+        write(
+            &r.etc.join("passwd"),
+            "root:x:0:0::/root:/bin/sh\nalice:x:4242:4242::/home/alice:/bin/sh\n",
+        );
+        f.set_accel_mode(0o660);
+        // XRT extracted from the debs, and the RyzenAI venv.
+        let xrt = f.xrt();
+        write(&xrt.join("lib/libxrt_coreutil.so.2.19.0"), "");
+        write(&xrt.join("lib/libxrt_driver_xdna.so.2"), "");
+        write(
+            &xrt.join("version.json"),
+            r#"{ "BUILD_VERSION" : "2.19.0" }"#,
+        );
+        write(&xrt.join("bin/xrt-smi"), "");
+        let lib = f.venv().join("deployment/lib");
+        write(&lib.join("libonnxruntime-genai.so"), "");
+        write(&lib.join("libonnxruntime.so"), "");
+        write(&lib.join(PROVIDER_FILE), "");
+        write(&f.venv().join("bin/python3.12"), "");
+        f
+    }
+
+    fn roots(&self) -> SystemRoots {
+        SystemRoots::under(&self.root)
+    }
+    fn pci_dir(&self) -> PathBuf {
+        self.roots().pci_devices().join("0000:c5:00.1")
+    }
+    fn xrt(&self) -> PathBuf {
+        self.root.join("xrt/opt/xilinx/xrt")
+    }
+    fn venv(&self) -> PathBuf {
+        self.root.join("venv")
+    }
+    fn set_accel_mode(&self, mode: u32) {
+        let node = self.roots().accel_node();
+        write(&node, "");
+        fs::set_permissions(&node, fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    fn inputs(&self) -> DoctorInputs {
+        DoctorInputs {
+            roots: self.roots(),
+            ryzenai_root: Some(self.venv()),
+            xrt_root_knob: Some(self.xrt()),
+            xilinx_xrt: None,
+            worker_exe: Some(self.root.join("bin/onebit-tts")),
+        }
+    }
+    /// A user who is not the files' owner, in the files' group (render).
+    fn host(&self) -> FakeHost {
+        FakeHost {
+            id: Identity {
+                uid: self.uid.wrapping_add(4242),
+                gid: self.gid.wrapping_add(1),
+                groups: vec![self.gid],
+            },
+            memlock: Ok(Memlock {
+                soft: Limit::Unlimited,
+                hard: Limit::Unlimited,
+            }),
+            log: Some(
+                "[    3.1] [drm] Initialized amdxdna 0.6.0 for 0000:c5:00.1 on minor 0\n".into(),
+            ),
+            smi: Some(CommandOutput {
+                code: Some(0),
+                stdout: "XRT\n  Version              : 2.19.0\n  NPU Firmware Version : 1.1.0.5\n\
+                         Device(s) Present\n|BDF  |Name |\n|-----|-----|\n|[0000:c5:00.1] |NPU|\n"
+                    .into(),
+                stderr: String::new(),
+            }),
+            access: None,
+            ran: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+/// A command the fake host was asked to run: program and extra environment.
+type Ran = (PathBuf, Vec<(String, OsString)>);
+
+struct FakeHost {
+    id: Identity,
+    memlock: Result<Memlock, String>,
+    log: Option<String>,
+    smi: Option<CommandOutput>,
+    access: Option<bool>,
+    ran: RefCell<Vec<Ran>>,
+}
+
+impl Host for FakeHost {
+    fn identity(&self) -> Identity {
+        self.id.clone()
+    }
+    fn memlock(&self) -> Result<Memlock, NpuError> {
+        self.memlock.clone().map_err(|reason| NpuError::Command {
+            program: "getrlimit".into(),
+            reason,
+        })
+    }
+    fn kernel_log(&self) -> Result<String, NpuError> {
+        self.log.clone().ok_or(NpuError::Command {
+            program: "dmesg".into(),
+            reason: "Operation not permitted".into(),
+        })
+    }
+    fn run(
+        &self,
+        program: &Path,
+        _args: &[&str],
+        env: &[(&str, OsString)],
+    ) -> Result<CommandOutput, NpuError> {
+        self.ran.borrow_mut().push((
+            program.to_path_buf(),
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        ));
+        self.smi.clone().ok_or(NpuError::Command {
+            program: program.display().to_string(),
+            reason: "not found".into(),
+        })
+    }
+    fn access_rw(&self, _path: &Path) -> Option<bool> {
+        self.access
+    }
+}
+
+fn only<'r>(r: &'r Report, name: &str) -> &'r Check {
+    let v: Vec<&Check> = r.checks.iter().filter(|c| c.name == name).collect();
+    assert_eq!(v.len(), 1, "{name}: {}", r.to_text());
+    v[0]
+}
+
+fn status(r: &Report, name: &str) -> Status {
+    only(r, name).status
+}
+
+#[test]
+fn healthy_system_passes_everything() {
+    let f = Fake::healthy("ok");
+    let h = f.host();
+    let r = run(&f.inputs(), &h);
+    for c in &r.checks {
+        assert_eq!(c.status, Status::Pass, "{}", r.to_text());
+        assert!(c.fix.is_none());
+    }
+    assert_eq!(r.exit_code(), 0);
+    assert_eq!(r.checks.len(), 16, "{}", r.to_text());
+    assert!(only(&r, names::XRT).detail.starts_with("2.19.0 at "));
+    assert!(only(&r, names::PCI).detail.contains("rev 0x11"));
+    // xrt-smi ran with the XRT's own environment.
+    let ran = h.ran.borrow();
+    assert_eq!(ran[0].0, f.xrt().join("bin/xrt-smi"));
+    assert!(
+        ran[0]
+            .1
+            .iter()
+            .any(|(k, v)| k == "LD_LIBRARY_PATH" && *v == f.xrt().join("lib").into_os_string())
+    );
+}
+
+#[test]
+fn module() {
+    let f = Fake::healthy("mod");
+    let r = f.roots();
+    write(&r.proc.join("modules"), "kvm 1 0 - Live 0x0\n");
+    let rep = run(&f.inputs(), &f.host());
+    let c = only(&rep, names::MODULE);
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.fix.as_deref().unwrap_or("").contains("modprobe amdxdna"));
+    // Built in: no /proc/modules line but /sys/module/amdxdna.
+    fs::create_dir_all(r.sys.join("module/amdxdna")).expect("mkdir");
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::MODULE), Status::Pass);
+    assert!(only(&rep, names::MODULE).detail.contains("built in"));
+    // Out of tree (the vendor DKMS driver).
+    write(
+        &r.proc.join("modules"),
+        "amdxdna 200704 0 - Live 0x0 (OE)\n",
+    );
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::MODULE), Status::Warn);
+}
+
+#[test]
+fn pci_device() {
+    let f = Fake::healthy("pci");
+    let pci = f.pci_dir();
+    fs::remove_file(pci.join("driver")).expect("rm");
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::PCI), Status::Fail);
+    assert!(only(&rep, names::PCI).detail.contains("no driver bound"));
+    write(&pci.join("device"), "0x1502\n");
+    let rep = run(&f.inputs(), &f.host());
+    assert!(only(&rep, names::PCI).detail.contains("Phoenix"));
+    fs::remove_dir_all(&pci).expect("rm");
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::PCI), Status::Fail);
+    assert_eq!(rep.exit_code(), 1);
+}
+
+#[test]
+fn firmware_file() {
+    let f = Fake::healthy("fw");
+    let r = f.roots();
+    fs::remove_dir_all(r.lib.join("firmware/amdnpu/17f0_11")).expect("rm");
+    // A file for another revision does not count.
+    write(&r.lib.join("firmware/amdnpu/17f0_10/npu.sbin"), "fw");
+    let rep = run(&f.inputs(), &f.host());
+    let c = only(&rep, names::FIRMWARE_FILE);
+    assert_eq!(c.status, Status::Fail);
+    assert!(
+        c.detail.contains("amdnpu/17f0_11/npu*.sbin"),
+        "{}",
+        c.detail
+    );
+    // The updates/ tree counts.
+    write(
+        &r.lib.join("firmware/updates/amdnpu/17f0_11/npu_7.sbin"),
+        "fw",
+    );
+    assert_eq!(
+        status(&run(&f.inputs(), &f.host()), names::FIRMWARE_FILE),
+        Status::Pass
+    );
+}
+
+#[test]
+fn accel_node_access() {
+    let f = Fake::healthy("accel");
+    // Not in the render group.
+    let mut h = f.host();
+    h.id.groups.clear();
+    let rep = run(&f.inputs(), &h);
+    let c = only(&rep, names::ACCEL);
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.contains("not in group render"), "{}", c.detail);
+    assert!(
+        c.fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("usermod -aG render")
+    );
+
+    // In /etc/group already, but the session predates it.
+    write(
+        &f.roots().etc.join("group"),
+        &format!("render:x:{}:alice\n", f.gid),
+    );
+    write(
+        &f.roots().etc.join("passwd"),
+        &format!("alice:x:{}:1::/h:/bin/sh\n", h.id.uid),
+    );
+    let rep = run(&f.inputs(), &h);
+    assert!(
+        only(&rep, names::ACCEL)
+            .fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("log out and in")
+    );
+
+    // An ACL (access(2) says yes) passes despite the bits.
+    h.access = Some(true);
+    let rep = run(&f.inputs(), &h);
+    assert_eq!(status(&rep, names::ACCEL), Status::Pass);
+    assert!(only(&rep, names::ACCEL).detail.contains("ACL"));
+
+    // Group without rw: a udev rule is the fix.
+    let h = f.host();
+    f.set_accel_mode(0o600);
+    let c = only(&run(&f.inputs(), &h), names::ACCEL).clone();
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.fix.as_deref().unwrap_or("").contains("udev"));
+
+    // Rootless container: the node's group shows as the overflow gid.
+    f.set_accel_mode(0o660);
+    let mut h = f.host();
+    h.id.groups.clear();
+    write(
+        &f.roots().proc.join("sys/kernel/overflowgid"),
+        &format!("{}\n", f.gid),
+    );
+    write(&f.roots().proc.join("self/uid_map"), "0 1000 1\n");
+    let c = only(&run(&f.inputs(), &h), names::ACCEL).clone();
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.contains("rootless container"), "{}", c.detail);
+    assert!(c.detail.contains("in a user namespace"));
+
+    // Missing node.
+    fs::remove_file(f.roots().accel_node()).expect("rm");
+    let c = only(&run(&f.inputs(), &f.host()), names::ACCEL).clone();
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.contains("does not exist"));
+}
+
+#[test]
+fn memlock() {
+    let f = Fake::healthy("memlock");
+    let mut h = f.host();
+    h.memlock = Ok(Memlock {
+        soft: Limit::Bytes(8 << 20),
+        hard: Limit::Bytes(8 << 20),
+    });
+    let rep = run(&f.inputs(), &h);
+    let c = only(&rep, names::MEMLOCK);
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.contains("soft 8 MiB"), "{}", c.detail);
+    assert!(
+        c.fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("--ulimit memlock=-1")
+    );
+    h.memlock = Ok(Memlock {
+        soft: Limit::Bytes(8 << 20),
+        hard: Limit::Unlimited,
+    });
+    let rep = run(&f.inputs(), &h);
+    assert!(
+        only(&rep, names::MEMLOCK)
+            .fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("ulimit -l unlimited")
+    );
+    h.memlock = Err("EPERM".into());
+    assert_eq!(status(&run(&f.inputs(), &h), names::MEMLOCK), Status::Warn);
+}
+
+#[test]
+fn hugepages() {
+    let f = Fake::healthy("huge");
+    let r = f.roots();
+    write(&r.proc.join("meminfo"), "HugePages_Total:       0\n");
+    write(&r.proc.join("mounts"), "proc /proc proc rw 0 0\n");
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::HUGEPAGES), Status::Warn);
+    assert_eq!(status(&rep, names::HUGEPAGES_MOUNT), Status::Warn);
+    assert!(
+        only(&rep, names::HUGEPAGES)
+            .fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("nr_hugepages")
+    );
+}
+
+#[test]
+fn xrt() {
+    let f = Fake::healthy("xrt");
+    // xrt-smi failing is a warning; the version still comes from version.json.
+    let mut h = f.host();
+    h.smi = Some(CommandOutput {
+        code: Some(1),
+        stdout: String::new(),
+        stderr: "ERROR: No devices found\n".into(),
+    });
+    let rep = run(&f.inputs(), &h);
+    let c = only(&rep, names::XRT);
+    assert_eq!(c.status, Status::Warn);
+    assert!(c.detail.contains("No devices found"), "{}", c.detail);
+    // Without version.json and xrt-smi: the soname says the version.
+    fs::remove_file(f.xrt().join("version.json")).expect("rm");
+    fs::remove_file(f.xrt().join("bin/xrt-smi")).expect("rm");
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::XRT), Status::Pass);
+    assert!(only(&rep, names::XRT).detail.starts_with("2.19.0 at "));
+    // No NPU shim.
+    fs::remove_file(f.xrt().join("lib/libxrt_driver_xdna.so.2")).expect("rm");
+    let c = only(&run(&f.inputs(), &f.host()), names::XRT).clone();
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.contains("libxrt_driver_xdna"));
+    // No XRT at all where the knob points; the fix says how to get one without dpkg -i.
+    let mut i = f.inputs();
+    i.xrt_root_knob = Some(f.root.join("nowhere"));
+    let rep = run(&i, &f.host());
+    let c = only(&rep, names::XRT);
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.contains("ONEBIT_XRT_ROOT"));
+    assert!(c.fix.as_deref().unwrap_or("").contains("dpkg-deb -x"));
+}
+
+#[test]
+fn venv_layout_python_and_provider() {
+    let f = Fake::healthy("venv");
+    let mut i = f.inputs();
+    i.ryzenai_root = None;
+    let rep = run(&i, &f.host());
+    assert_eq!(status(&rep, names::VENV), Status::Fail);
+    assert!(rep.check(names::PYTHON).is_none());
+
+    let lib = f.venv().join("deployment/lib");
+    fs::remove_file(lib.join("libonnxruntime-genai.so")).expect("rm");
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::VENV), Status::Fail);
+    write(&lib.join("libonnxruntime-genai.so"), "");
+
+    fs::remove_file(f.venv().join("bin/python3.12")).expect("rm");
+    write(
+        &f.venv().join("pyvenv.cfg"),
+        "home = /usr/bin\nversion = 3.11.9\n",
+    );
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::PYTHON), Status::Fail);
+    write(
+        &f.venv().join("pyvenv.cfg"),
+        "home = /usr/bin\nversion_info = 3.12.9.final.0\n",
+    );
+    assert_eq!(
+        status(&run(&f.inputs(), &f.host()), names::PYTHON),
+        Status::Pass
+    );
+
+    fs::remove_file(lib.join(PROVIDER_FILE)).expect("rm");
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::PROVIDER), Status::Fail);
+    // A copy beside the worker is enough (and wins).
+    write(&f.root.join("bin").join(PROVIDER_FILE), "");
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::PROVIDER), Status::Pass);
+    assert!(
+        only(&rep, names::PROVIDER)
+            .detail
+            .contains("beside the worker")
+    );
+    assert!(
+        only(&rep, names::WORKER_ENV)
+            .detail
+            .contains("provider beside the worker")
+    );
+}
+
+#[test]
+fn stale_libxrt_in_the_venv() {
+    let f = Fake::healthy("stale");
+    let stale = f
+        .venv()
+        .join("lib/python3.12/site-packages/voe/lib/libxrt_coreutil.so.2.19");
+    write(&stale, "");
+    let rep = run(&f.inputs(), &f.host());
+    let c = only(&rep, names::STALE_XRT);
+    assert_eq!(c.status, Status::Pass);
+    assert!(
+        c.detail.contains("voe/lib/libxrt_coreutil.so.2.19"),
+        "{}",
+        c.detail
+    );
+    // With no XRT of its own to put first, the stale copy would be the one loaded.
+    let mut i = f.inputs();
+    i.xrt_root_knob = Some(f.root.join("nowhere"));
+    assert_eq!(status(&run(&i, &f.host()), names::STALE_XRT), Status::Fail);
+}
+
+#[test]
+fn versions_against_the_minimums() {
+    let f = Fake::healthy("versions");
+    write(
+        &f.roots().accel_sysfs_device().join("fw_version"),
+        "1.0.0.166\n",
+    );
+    let mut h = f.host();
+    h.log = Some("[drm] Initialized amdxdna 0.1.0 for 0000:c5:00.1 on minor 0\n".into());
+    let rep = run(&f.inputs(), &h);
+    assert_eq!(status(&rep, names::FW_VERSION), Status::Warn);
+    assert!(
+        only(&rep, names::FW_VERSION)
+            .detail
+            .contains("1.0.0.166 (sysfs) is below 1.1.0.0")
+    );
+    assert_eq!(status(&rep, names::DRM_VERSION), Status::Warn);
+    // No sysfs attribute: xrt-smi's answer is used.
+    fs::remove_file(f.roots().accel_sysfs_device().join("fw_version")).expect("rm");
+    let rep = run(&f.inputs(), &f.host());
+    assert_eq!(status(&rep, names::FW_VERSION), Status::Pass);
+    assert!(only(&rep, names::FW_VERSION).detail.contains("xrt-smi"));
+}
+
+#[test]
+fn kernel_log_failures() {
+    let f = Fake::healthy("klog");
+    let mut h = f.host();
+    h.log = Some(
+        "[ 5.0] amdxdna 0000:c5:00.1: aie2_check_protocol: Incompatible firmware protocol major 7 minor 2\n\
+         [ 5.1] amdxdna 0000:c5:00.1: aie2_hw_start: firmware is not alive\n\
+         [ 9.0] amdxdna 0000:c5:00.1: amdxdna_cmd_submit: HW Context is not ready\n\
+         [ 9.5] amdxdna 0000:c5:00.1: aie2_hwctx_restart: Map host buf failed, ret -12\n\
+         [ 9.6] amdxdna 0000:c5:00.1: amdxdna_drm_close: Resume failed, ret -5\n"
+            .into(),
+    );
+    let rep = run(&f.inputs(), &h);
+    let kl: Vec<&Check> = rep
+        .checks
+        .iter()
+        .filter(|c| c.name == names::KERNEL_LOG)
+        .collect();
+    assert_eq!(kl.len(), 5, "{}", rep.to_text());
+    assert!(
+        kl.iter()
+            .all(|c| c.status == Status::Fail && c.fix.is_some())
+    );
+    assert!(kl[0].detail.contains("major 7 minor 2"));
+    assert_eq!(rep.exit_code(), 1);
+    // Unreadable log: a warning, not a failure.
+    h.log = None;
+    let rep = run(&f.inputs(), &h);
+    assert_eq!(status(&rep, names::KERNEL_LOG), Status::Warn);
+    assert_eq!(status(&rep, names::DRM_VERSION), Status::Warn);
+}
+
+#[test]
+fn json_rendering_of_a_real_run() {
+    let f = Fake::healthy("json");
+    let mut h = f.host();
+    h.memlock = Ok(Memlock {
+        soft: Limit::Bytes(64 << 10),
+        hard: Limit::Bytes(64 << 10),
+    });
+    let rep = run(&f.inputs(), &h);
+    let v: serde_json::Value = serde_json::from_str(&rep.to_json()).expect("json");
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["summary"]["fail"], 1);
+    let m = v["checks"]
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|c| c["name"] == "memlock")
+        .expect("memlock")
+        .clone();
+    assert_eq!(m["status"], "FAIL");
+    assert!(m["fix"].as_str().is_some());
+}
+
+#[test]
+fn worker_env_line() {
+    let f = Fake::healthy("wenv");
+    let rep = run(&f.inputs(), &f.host());
+    let c = only(&rep, names::WORKER_ENV);
+    assert!(c.detail.starts_with("XILINX_XRT="), "{}", c.detail);
+    assert!(c.detail.contains("(ONEBIT_XRT_ROOT)"), "{}", c.detail);
+    // A venv whose path has a ':' cannot be put on LD_LIBRARY_PATH.
+    let colon = f.root.join("ve:nv");
+    fs::rename(f.venv(), &colon).expect("rename");
+    let mut i = f.inputs();
+    i.ryzenai_root = Some(colon);
+    let rep = run(&i, &f.host());
+    let c = only(&rep, names::WORKER_ENV);
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.contains("contains ':'"), "{}", c.detail);
+}

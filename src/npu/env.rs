@@ -1,0 +1,552 @@
+//! The worker child's environment for the RyzenAI route (reference: "The child environment").
+//!
+//! The dynamic loader reads LD_LIBRARY_PATH once, at process start, so the NPU engine runs in a
+//! worker child whose environment the parent builds here. [`worker_env`] is a pure function of
+//! [`EnvInputs`] (plus one look at the worker's own directory) so tests can check every rule
+//! exactly:
+//!
+//! - only when the model declares RyzenAI in its genai_config provider options *and*
+//!   ONEBIT_RYZENAI_ROOT names the venv; otherwise the environment is left unchanged;
+//! - XILINX_XRT = ONEBIT_XRT_ROOT, else $XILINX_XRT, else /opt/xilinx/xrt;
+//! - LD_LIBRARY_PATH = `<xrt>/lib` first (the venv's voe wheel bundles a stale
+//!   libxrt_coreutil.so.2.19 that must not win), then the worker's own directory if it holds the
+//!   provider library (a worker built against the venv), then `<venv>/deployment/lib` (so the
+//!   venv's ONNX Runtime GenAI loads), then whatever was there before; no empty entries (an empty
+//!   entry means "the current directory" to ld.so), no duplicates (first one wins);
+//! - RYZENAI_EP_PATH = the provider library: beside the worker if there, else in the venv.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::{NpuError, PROVIDER_FILE};
+
+/// Knob naming the RyzenAI 1.8 venv; unset means the NPU route is off.
+pub const RYZENAI_ROOT_VAR: &str = "ONEBIT_RYZENAI_ROOT";
+/// Knob naming the XRT tree (e.g. debs extracted with `dpkg-deb -x`); wins over $XILINX_XRT.
+pub const XRT_ROOT_VAR: &str = "ONEBIT_XRT_ROOT";
+pub const XILINX_XRT_VAR: &str = "XILINX_XRT";
+pub const LD_LIBRARY_PATH_VAR: &str = "LD_LIBRARY_PATH";
+/// Read by onnxruntime-genai (and by our engine) to find the provider library.
+pub const RYZENAI_EP_PATH_VAR: &str = "RYZENAI_EP_PATH";
+/// Where the vendor's XRT packages install.
+pub const DEFAULT_XRT_ROOT: &str = "/opt/xilinx/xrt";
+
+/// Everything the environment rules depend on. Paths should be absolute: the child may run in
+/// another directory, and a relative LD_LIBRARY_PATH entry is resolved against the child's cwd.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvInputs {
+    /// genai_config.json declares RyzenAI in `provider_options`.
+    pub provider_declared: bool,
+    /// ONEBIT_RYZENAI_ROOT: the RyzenAI venv.
+    pub ryzenai_root: Option<PathBuf>,
+    /// ONEBIT_XRT_ROOT.
+    pub xrt_root_knob: Option<PathBuf>,
+    /// $XILINX_XRT as the parent sees it.
+    pub xilinx_xrt: Option<PathBuf>,
+    /// The parent's LD_LIBRARY_PATH.
+    pub ld_library_path: Option<OsString>,
+    /// The executable the worker runs (normally the parent's own `current_exe()`).
+    pub worker_exe: PathBuf,
+}
+
+impl EnvInputs {
+    /// Reads the knobs from this process's environment. Empty variables count as unset (a shell
+    /// `export X=` means "off", not "the current directory"), and relative paths are made
+    /// absolute against the current directory so the child sees the same directories.
+    pub fn from_process(provider_declared: bool, worker_exe: PathBuf) -> Self {
+        EnvInputs {
+            provider_declared,
+            ryzenai_root: path_var(RYZENAI_ROOT_VAR),
+            xrt_root_knob: path_var(XRT_ROOT_VAR),
+            xilinx_xrt: path_var(XILINX_XRT_VAR),
+            ld_library_path: std::env::var_os(LD_LIBRARY_PATH_VAR),
+            worker_exe: absolute(worker_exe),
+        }
+    }
+}
+
+fn path_var(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(|v| absolute(PathBuf::from(v)))
+}
+
+fn absolute(p: PathBuf) -> PathBuf {
+    // std::path::absolute only fails for an empty path or an unreadable cwd; then keep it as is.
+    std::path::absolute(&p).unwrap_or(p)
+}
+
+/// Where XILINX_XRT came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum XrtSource {
+    /// ONEBIT_XRT_ROOT.
+    Knob,
+    /// $XILINX_XRT.
+    XilinxXrt,
+    /// Neither set: /opt/xilinx/xrt.
+    Default,
+}
+
+impl fmt::Display for XrtSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            XrtSource::Knob => XRT_ROOT_VAR,
+            XrtSource::XilinxXrt => "$XILINX_XRT",
+            XrtSource::Default => "default",
+        })
+    }
+}
+
+/// XILINX_XRT = ONEBIT_XRT_ROOT, else $XILINX_XRT, else /opt/xilinx/xrt.
+pub fn xrt_root(knob: Option<&Path>, xilinx_xrt: Option<&Path>) -> (PathBuf, XrtSource) {
+    match (knob, xilinx_xrt) {
+        (Some(k), _) => (k.to_path_buf(), XrtSource::Knob),
+        (None, Some(x)) => (x.to_path_buf(), XrtSource::XilinxXrt),
+        (None, None) => (PathBuf::from(DEFAULT_XRT_ROOT), XrtSource::Default),
+    }
+}
+
+/// `<venv>/deployment/lib`: the venv's ONNX Runtime (GenAI), the provider and the AIE libraries.
+pub fn venv_lib_dir(venv: &Path) -> PathBuf {
+    venv.join("deployment").join("lib")
+}
+
+/// The variables the worker gets on the NPU route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerEnv {
+    pub xilinx_xrt: PathBuf,
+    pub xrt_source: XrtSource,
+    pub ld_library_path: OsString,
+    pub ryzenai_ep_path: PathBuf,
+    /// The worker's directory holds its own provider copy (it was built against the venv).
+    pub provider_beside_worker: bool,
+}
+
+/// Why the environment is left as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unchanged {
+    /// genai_config.json declares no RyzenAI provider: a CPU model.
+    CpuModel,
+    /// ONEBIT_RYZENAI_ROOT is unset.
+    NoRyzenAiRoot,
+}
+
+impl fmt::Display for Unchanged {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Unchanged::CpuModel => "the model does not declare the RyzenAI provider",
+            Unchanged::NoRyzenAiRoot => "ONEBIT_RYZENAI_ROOT is not set",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvPlan {
+    /// The child inherits the parent's environment as is.
+    Unchanged(Unchanged),
+    Set(WorkerEnv),
+}
+
+impl EnvPlan {
+    /// The variables to set, in a fixed order; empty when unchanged.
+    pub fn vars(&self) -> Vec<(&'static str, OsString)> {
+        match self {
+            EnvPlan::Unchanged(_) => Vec::new(),
+            EnvPlan::Set(w) => vec![
+                (XILINX_XRT_VAR, w.xilinx_xrt.clone().into_os_string()),
+                (LD_LIBRARY_PATH_VAR, w.ld_library_path.clone()),
+                (
+                    RYZENAI_EP_PATH_VAR,
+                    w.ryzenai_ep_path.clone().into_os_string(),
+                ),
+            ],
+        }
+    }
+
+    /// Sets the plan's variables on the worker's command (nothing when unchanged).
+    pub fn apply(&self, cmd: &mut Command) {
+        for (k, v) in self.vars() {
+            cmd.env(k, v);
+        }
+    }
+}
+
+impl fmt::Display for EnvPlan {
+    /// One log line: `worker env: unchanged (...)` or `worker env: XILINX_XRT=... ...`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EnvPlan::Unchanged(why) => write!(f, "worker env: unchanged ({why})"),
+            EnvPlan::Set(w) => write!(
+                f,
+                "worker env: XILINX_XRT={} ({}) LD_LIBRARY_PATH={} RYZENAI_EP_PATH={}{}",
+                w.xilinx_xrt.display(),
+                w.xrt_source,
+                Path::new(&w.ld_library_path).display(),
+                w.ryzenai_ep_path.display(),
+                if w.provider_beside_worker {
+                    " (provider beside the worker)"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+}
+
+/// The worker's environment (see the module docs for the rules). The one thing read from disk is
+/// whether the worker's directory holds [`PROVIDER_FILE`]. Fails only when a directory to be put
+/// on LD_LIBRARY_PATH contains `:`, which the variable cannot express.
+pub fn worker_env(inputs: &EnvInputs) -> Result<EnvPlan, NpuError> {
+    if !inputs.provider_declared {
+        return Ok(EnvPlan::Unchanged(Unchanged::CpuModel));
+    }
+    let Some(venv) = inputs.ryzenai_root.as_deref() else {
+        return Ok(EnvPlan::Unchanged(Unchanged::NoRyzenAiRoot));
+    };
+    let (xrt, xrt_source) = xrt_root(
+        inputs.xrt_root_knob.as_deref(),
+        inputs.xilinx_xrt.as_deref(),
+    );
+    let venv_lib = venv_lib_dir(venv);
+    let worker_dir = inputs
+        .worker_exe
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty());
+    let beside = worker_dir.filter(|d| d.join(PROVIDER_FILE).is_file());
+
+    let mut front = vec![("XILINX_XRT/lib", xrt.join("lib"))];
+    if let Some(dir) = beside {
+        front.push(("worker directory", dir.to_path_buf()));
+    }
+    front.push(("ONEBIT_RYZENAI_ROOT/deployment/lib", venv_lib.clone()));
+    for (var, dir) in &front {
+        if dir.as_os_str().as_bytes().contains(&b':') {
+            return Err(NpuError::ColonInPath {
+                var,
+                path: dir.clone(),
+            });
+        }
+    }
+
+    let mut entries: Vec<OsString> = front.into_iter().map(|(_, d)| d.into()).collect();
+    if let Some(old) = &inputs.ld_library_path {
+        entries.extend(split_search_path(old));
+    }
+    let ld_library_path = join_search_path(dedup_paths(entries));
+
+    let ryzenai_ep_path = match beside {
+        Some(dir) => dir.join(PROVIDER_FILE),
+        None => venv_lib.join(PROVIDER_FILE),
+    };
+    Ok(EnvPlan::Set(WorkerEnv {
+        xilinx_xrt: xrt,
+        xrt_source,
+        ld_library_path,
+        ryzenai_ep_path,
+        provider_beside_worker: beside.is_some(),
+    }))
+}
+
+/// The non-empty entries of a `:`-separated search path.
+pub fn split_search_path(value: &OsStr) -> impl Iterator<Item = OsString> + '_ {
+    value
+        .as_bytes()
+        .split(|b| *b == b':')
+        .filter(|e| !e.is_empty())
+        .map(|e| OsString::from_vec(e.to_vec()))
+}
+
+/// Keeps the first of entries that name the same directory. `Path` equality ignores trailing and
+/// doubled slashes and `.` components, so `/a/b/` and `/a//b` count as `/a/b`.
+fn dedup_paths(entries: Vec<OsString>) -> Vec<OsString> {
+    let mut out: Vec<OsString> = Vec::with_capacity(entries.len());
+    for e in entries {
+        if !out.iter().any(|o| Path::new(o) == Path::new(&e)) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+fn join_search_path(entries: Vec<OsString>) -> OsString {
+    let mut out = OsString::new();
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(":");
+        }
+        out.push(e);
+    }
+    out
+}
+
+/// The provider library name older onnxruntime-genai builds look for on Linux (no `lib` prefix;
+/// the reference's `./onnxruntime_providers_ryzenai.so`).
+pub const LEGACY_PROVIDER_FILE: &str = "onnxruntime_providers_ryzenai.so";
+
+/// What [`provider_library`] looks at.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderSearch {
+    /// RYZENAI_EP_PATH in the process that registers the provider.
+    pub ep_path_env: Option<OsString>,
+    /// Directories of the loaded libraries, in onnxruntime-genai's order: onnxruntime-genai's
+    /// library, ONNX Runtime's library, the executable.
+    pub loaded_library_dirs: Vec<PathBuf>,
+    /// The current working directory.
+    pub cwd: PathBuf,
+}
+
+impl ProviderSearch {
+    /// RYZENAI_EP_PATH and the cwd of this process; the caller names the loaded libraries'
+    /// directories (it knows which libonnxruntime it loaded).
+    pub fn from_process(loaded_library_dirs: Vec<PathBuf>) -> Self {
+        ProviderSearch {
+            ep_path_env: std::env::var_os(RYZENAI_EP_PATH_VAR),
+            loaded_library_dirs,
+            cwd: std::env::current_dir().unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderSource {
+    EpPathEnv,
+    BesideLoadedLibrary,
+    WorkingDirectory,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderLibrary {
+    pub path: PathBuf,
+    pub source: ProviderSource,
+}
+
+/// Where the RyzenAI provider library is registered from, in onnxruntime-genai's order
+/// (src/ryzenai/interface.cpp):
+///
+/// 1. RYZENAI_EP_PATH when set and non-empty, taken as is (not checked for existence);
+/// 2. the first of the loaded libraries' directories (genai's library, ONNX Runtime's, the
+///    executable's) that holds the library — genai does this step on Windows only, which is
+///    why the worker's environment must carry RYZENAI_EP_PATH on Linux; our own engine does it
+///    on Linux too;
+/// 3. else `<cwd>/libonnxruntime_providers_ryzenai.so`, unchecked (registration then fails with
+///    ONNX Runtime's own error naming that path).
+///
+/// Genai skips all of this when a library of that name is already loaded in the process. Older
+/// genai builds used [`LEGACY_PROVIDER_FILE`] on Linux; step 2 accepts that name too.
+pub fn provider_library(search: &ProviderSearch) -> ProviderLibrary {
+    if let Some(p) = search.ep_path_env.as_ref().filter(|p| !p.is_empty()) {
+        return ProviderLibrary {
+            path: PathBuf::from(p),
+            source: ProviderSource::EpPathEnv,
+        };
+    }
+    for dir in &search.loaded_library_dirs {
+        for name in [PROVIDER_FILE, LEGACY_PROVIDER_FILE] {
+            let p = dir.join(name);
+            if p.exists() {
+                return ProviderLibrary {
+                    path: p,
+                    source: ProviderSource::BesideLoadedLibrary,
+                };
+            }
+        }
+    }
+    ProviderLibrary {
+        path: search.cwd.join(PROVIDER_FILE),
+        source: ProviderSource::WorkingDirectory,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    struct Tmp(PathBuf);
+    impl Tmp {
+        fn new(tag: &str) -> Tmp {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "npu-env-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = fs::remove_dir_all(&p);
+            fs::create_dir_all(&p).expect("temp dir");
+            Tmp(p)
+        }
+    }
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn inputs(worker_dir: &Path) -> EnvInputs {
+        EnvInputs {
+            provider_declared: true,
+            ryzenai_root: Some("/venv".into()),
+            xrt_root_knob: None,
+            xilinx_xrt: None,
+            ld_library_path: None,
+            worker_exe: worker_dir.join("onebit-tts"),
+        }
+    }
+
+    fn set(plan: EnvPlan) -> WorkerEnv {
+        match plan {
+            EnvPlan::Set(w) => w,
+            EnvPlan::Unchanged(why) => panic!("unexpectedly unchanged: {why}"),
+        }
+    }
+
+    #[test]
+    fn venv_first_when_no_provider_beside_the_worker() {
+        let t = Tmp::new("plain");
+        let w = set(worker_env(&inputs(&t.0)).expect("plan"));
+        assert_eq!(w.xilinx_xrt, Path::new("/opt/xilinx/xrt"));
+        assert_eq!(w.xrt_source, XrtSource::Default);
+        assert_eq!(
+            w.ld_library_path,
+            "/opt/xilinx/xrt/lib:/venv/deployment/lib"
+        );
+        assert_eq!(
+            w.ryzenai_ep_path,
+            Path::new("/venv/deployment/lib/libonnxruntime_providers_ryzenai.so")
+        );
+        assert!(!w.provider_beside_worker);
+    }
+
+    #[test]
+    fn worker_dir_before_venv_when_provider_beside_it() {
+        let t = Tmp::new("beside");
+        fs::write(t.0.join(PROVIDER_FILE), b"").expect("write");
+        let w = set(worker_env(&inputs(&t.0)).expect("plan"));
+        assert_eq!(
+            w.ld_library_path,
+            OsString::from(format!(
+                "/opt/xilinx/xrt/lib:{}:/venv/deployment/lib",
+                t.0.display()
+            ))
+        );
+        assert_eq!(w.ryzenai_ep_path, t.0.join(PROVIDER_FILE));
+        assert!(w.provider_beside_worker);
+    }
+
+    #[test]
+    fn a_directory_named_like_the_provider_does_not_count() {
+        let t = Tmp::new("dirnamed");
+        fs::create_dir(t.0.join(PROVIDER_FILE)).expect("mkdir");
+        assert!(!set(worker_env(&inputs(&t.0)).expect("plan")).provider_beside_worker);
+    }
+
+    #[test]
+    fn xilinx_xrt_sources_in_order() {
+        let t = Tmp::new("xrt");
+        let mut i = inputs(&t.0);
+        i.xilinx_xrt = Some("/env/xrt".into());
+        let w = set(worker_env(&i).expect("plan"));
+        assert_eq!(w.xilinx_xrt, Path::new("/env/xrt"));
+        assert_eq!(w.xrt_source, XrtSource::XilinxXrt);
+        assert_eq!(w.ld_library_path, "/env/xrt/lib:/venv/deployment/lib");
+
+        i.xrt_root_knob = Some("/knob/xrt".into());
+        let w = set(worker_env(&i).expect("plan"));
+        assert_eq!(w.xilinx_xrt, Path::new("/knob/xrt"));
+        assert_eq!(w.xrt_source, XrtSource::Knob);
+        assert_eq!(w.ld_library_path, "/knob/xrt/lib:/venv/deployment/lib");
+    }
+
+    #[test]
+    fn unchanged_without_knob_or_for_a_cpu_model() {
+        let t = Tmp::new("unchanged");
+        let mut i = inputs(&t.0);
+        i.ryzenai_root = None;
+        let plan = worker_env(&i).expect("plan");
+        assert_eq!(plan, EnvPlan::Unchanged(Unchanged::NoRyzenAiRoot));
+        assert!(plan.vars().is_empty());
+
+        let mut i = inputs(&t.0);
+        i.provider_declared = false;
+        assert_eq!(
+            worker_env(&i).expect("plan"),
+            EnvPlan::Unchanged(Unchanged::CpuModel)
+        );
+    }
+
+    #[test]
+    fn old_search_path_kept_last_without_empties_or_duplicates() {
+        let t = Tmp::new("dedup");
+        let mut i = inputs(&t.0);
+        i.ld_library_path = Some(
+            "/usr/local/lib::/venv/deployment/lib/:/opt/xilinx/xrt/lib:/usr/local/lib:".into(),
+        );
+        let w = set(worker_env(&i).expect("plan"));
+        assert_eq!(
+            w.ld_library_path,
+            "/opt/xilinx/xrt/lib:/venv/deployment/lib:/usr/local/lib"
+        );
+    }
+
+    #[test]
+    fn a_colon_in_a_directory_is_an_error() {
+        let t = Tmp::new("colon");
+        let mut i = inputs(&t.0);
+        i.ryzenai_root = Some("/ve:nv".into());
+        assert!(matches!(worker_env(&i), Err(NpuError::ColonInPath { .. })));
+    }
+
+    #[test]
+    fn apply_and_display() {
+        let t = Tmp::new("apply");
+        let plan = worker_env(&inputs(&t.0)).expect("plan");
+        let mut cmd = Command::new("true");
+        plan.apply(&mut cmd);
+        let vars: Vec<_> = cmd.get_envs().collect();
+        assert_eq!(vars.len(), 3);
+        let line = plan.to_string();
+        assert!(
+            line.contains("XILINX_XRT=/opt/xilinx/xrt (default)"),
+            "{line}"
+        );
+        assert!(
+            line.contains("RYZENAI_EP_PATH=/venv/deployment/lib/"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn provider_library_order() {
+        let t = Tmp::new("provider");
+        let a = t.0.join("a");
+        let b = t.0.join("b");
+        fs::create_dir_all(&a).expect("mkdir");
+        fs::create_dir_all(&b).expect("mkdir");
+        fs::write(b.join(LEGACY_PROVIDER_FILE), b"").expect("write");
+        let mut s = ProviderSearch {
+            ep_path_env: Some("/x/libp.so".into()),
+            loaded_library_dirs: vec![a.clone(), b.clone()],
+            cwd: "/work".into(),
+        };
+        let p = provider_library(&s);
+        assert_eq!(p.source, ProviderSource::EpPathEnv);
+        assert_eq!(p.path, Path::new("/x/libp.so"));
+
+        s.ep_path_env = Some(OsString::new());
+        let p = provider_library(&s);
+        assert_eq!(p.source, ProviderSource::BesideLoadedLibrary);
+        assert_eq!(p.path, b.join(LEGACY_PROVIDER_FILE));
+
+        fs::write(a.join(PROVIDER_FILE), b"").expect("write");
+        assert_eq!(provider_library(&s).path, a.join(PROVIDER_FILE));
+
+        s.loaded_library_dirs.clear();
+        let p = provider_library(&s);
+        assert_eq!(p.source, ProviderSource::WorkingDirectory);
+        assert_eq!(p.path, Path::new("/work").join(PROVIDER_FILE));
+    }
+}

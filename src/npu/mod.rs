@@ -1,0 +1,72 @@
+//! The NPU route (AMD Ryzen AI, amdxdna, Linux): everything that knows XRT, sysfs and the RyzenAI
+//! venv lives here, and nothing here knows ONNX Runtime sessions or HTTP.
+//!
+//! - [`env`](mod@env): the worker child's environment (XILINX_XRT, LD_LIBRARY_PATH, RYZENAI_EP_PATH) as a
+//!   pure function of its inputs, and where onnxruntime-genai looks for the provider library.
+//! - [`roots`]: the `/sys`, `/dev`, `/proc`, `/etc`, `/lib` roots every check reads through, so
+//!   tests run over fake trees.
+//! - [`residency`]: the proof that the model really sits on the NPU (a passing run is not).
+//! - [`doctor`]: one PASS/WARN/FAIL line per known Linux NPU blocker, each failure with its fix.
+//! - [`lifecycle`]: the worker child's stop policy (one reap, SIGTERM to the child only, grace,
+//!   never SIGKILL a process that holds the NPU).
+//!
+//! The facts behind the rules are in `shared/reference/npu-route.md`; `docs/npu.md` is the user's
+//! side of the same story.
+
+pub mod doctor;
+pub mod env;
+pub mod lifecycle;
+pub mod residency;
+pub mod roots;
+
+use std::io;
+use std::path::PathBuf;
+
+pub use doctor::{Check, Report, Status};
+pub use env::{EnvInputs, EnvPlan, WorkerEnv, worker_env};
+pub use lifecycle::{Child, Ending, StopGrace, StopOutcome, holds_accel};
+pub use residency::{Residency, prove};
+pub use roots::SystemRoots;
+
+/// The name onnxruntime-genai registers the RyzenAI provider library under, and the name the
+/// worker's log must show for [`residency`] to count it.
+pub const PROVIDER_NAME: &str = "RyzenAILightExecutionProvider";
+
+/// File name of the RyzenAI provider library on Linux (venv `deployment/lib`, or beside a worker
+/// built against the venv).
+pub const PROVIDER_FILE: &str = "libonnxruntime_providers_ryzenai.so";
+
+/// Errors of the NPU module. Checks in [`doctor`] turn these into report lines; the other modules
+/// return them to the caller.
+#[derive(Debug, thiserror::Error)]
+pub enum NpuError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{}: {what}", path.display())]
+    Parse { path: PathBuf, what: String },
+    /// LD_LIBRARY_PATH is `:`-separated and has no escape, so such a directory cannot be listed.
+    #[error("{var}: {} contains ':' and cannot be put on a search path", path.display())]
+    ColonInPath { var: &'static str, path: PathBuf },
+    #[error("running {program}: {reason}")]
+    Command { program: String, reason: String },
+    #[error("signal {signal} to pid {pid}: {source}")]
+    Signal {
+        pid: u32,
+        signal: i32,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl NpuError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        NpuError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Prometheus text metrics, fed from the same [`StageTimings`] the CLI and bench print.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::metrics::StageTimings;
+
+#[derive(Default)]
+pub struct Metrics {
+    by_status: Mutex<BTreeMap<u16, u64>>,
+    codes: AtomicU64,
+    cancelled: AtomicU64,
+    /// Sums in microseconds / samples, for averages.
+    decode_us: AtomicU64,
+    audio_us: AtomicU64,
+    wall_us: AtomicU64,
+    first_audio_us: AtomicU64,
+    first_audio_n: AtomicU64,
+    completed: AtomicU64,
+    last_codes_per_s_milli: AtomicU64,
+    pub queued: AtomicUsize,
+    pub running: AtomicUsize,
+}
+
+fn us(d: std::time::Duration) -> u64 {
+    d.as_micros().min(u128::from(u64::MAX)) as u64
+}
+
+impl Metrics {
+    pub fn request(&self, status: u16) {
+        if let Ok(mut m) = self.by_status.lock() {
+            *m.entry(status).or_default() += 1;
+        }
+    }
+
+    pub fn generated(&self, codes: usize, audio_seconds: f64, t: &StageTimings, cancelled: bool) {
+        self.codes.fetch_add(codes as u64, Ordering::Relaxed);
+        if cancelled {
+            self.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        self.decode_us.fetch_add(us(t.decode), Ordering::Relaxed);
+        self.audio_us
+            .fetch_add((audio_seconds * 1e6) as u64, Ordering::Relaxed);
+        self.wall_us.fetch_add(us(t.total), Ordering::Relaxed);
+        if let Some(f) = t.first_audio {
+            self.first_audio_us.fetch_add(us(f), Ordering::Relaxed);
+            self.first_audio_n.fetch_add(1, Ordering::Relaxed);
+        }
+        self.completed.fetch_add(1, Ordering::Relaxed);
+        let cps = crate::metrics::codes_per_second(codes, t.decode);
+        self.last_codes_per_s_milli
+            .store((cps * 1000.0) as u64, Ordering::Relaxed);
+    }
+
+    pub fn codes_total(&self) -> u64 {
+        self.codes.load(Ordering::Relaxed)
+    }
+
+    pub fn cancelled_total(&self) -> u64 {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        s.push_str("# HELP onebit_requests_total Speech requests by HTTP status.\n# TYPE onebit_requests_total counter\n");
+        if let Ok(m) = self.by_status.lock() {
+            for (status, n) in m.iter() {
+                s.push_str(&format!(
+                    "onebit_requests_total{{status=\"{status}\"}} {n}\n"
+                ));
+            }
+        }
+        let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e6;
+        let lines = [
+            (
+                "onebit_codes_generated_total",
+                "counter",
+                "Speech codes generated.",
+                self.codes.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "onebit_generations_cancelled_total",
+                "counter",
+                "Generations stopped early (client gone, timeout, shutdown).",
+                self.cancelled.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "onebit_generations_total",
+                "counter",
+                "Generations finished or stopped.",
+                self.completed.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "onebit_decode_seconds_total",
+                "counter",
+                "Time spent generating codes.",
+                secs(&self.decode_us),
+            ),
+            (
+                "onebit_audio_seconds_total",
+                "counter",
+                "Audio produced.",
+                secs(&self.audio_us),
+            ),
+            (
+                "onebit_synthesis_seconds_total",
+                "counter",
+                "Wall time of syntheses.",
+                secs(&self.wall_us),
+            ),
+            (
+                "onebit_time_to_first_audio_seconds_sum",
+                "counter",
+                "Sum of time to first audio.",
+                secs(&self.first_audio_us),
+            ),
+            (
+                "onebit_time_to_first_audio_seconds_count",
+                "counter",
+                "Requests with first audio.",
+                self.first_audio_n.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "onebit_codes_per_second",
+                "gauge",
+                "Decode rate of the last generation (real time is 50).",
+                self.last_codes_per_s_milli.load(Ordering::Relaxed) as f64 / 1000.0,
+            ),
+            (
+                "onebit_rtf",
+                "gauge",
+                "Real-time factor over all syntheses (wall / audio).",
+                {
+                    let a = secs(&self.audio_us);
+                    if a > 0.0 {
+                        secs(&self.wall_us) / a
+                    } else {
+                        0.0
+                    }
+                },
+            ),
+            (
+                "onebit_queue_depth",
+                "gauge",
+                "Requests waiting for the engine.",
+                self.queued.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "onebit_running",
+                "gauge",
+                "Requests being synthesised.",
+                self.running.load(Ordering::Relaxed) as f64,
+            ),
+        ];
+        for (name, ty, help, v) in lines {
+            s.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}\n"
+            ));
+        }
+        s
+    }
+}

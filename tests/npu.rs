@@ -1,0 +1,591 @@
+//! The NPU module from the outside: the worker's environment rules, the doctor over a fake
+//! system tree, the residency proof over fake and real /proc fd tables, and the stop policy
+//! with real child processes. No NPU is needed: every system file lives in a temp dir.
+//!
+//! Lifecycle tests never sleep to synchronise: they wait on observable state (a line the child
+//! prints, the process state in /proc, a channel from the watchdog).
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use onebit_tts::npu::doctor::{self, CommandOutput, DoctorInputs, Host, Identity, Limit, Memlock};
+use onebit_tts::npu::env::{EnvInputs, EnvPlan, Unchanged, XrtSource, worker_env};
+use onebit_tts::npu::lifecycle::{Child, Ending, StopGrace, StopOutcome, holds_accel};
+use onebit_tts::npu::residency::{Residency, prove, read_mem_usage};
+use onebit_tts::npu::{NpuError, PROVIDER_FILE, Status, SystemRoots};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "onebit-npu-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).expect("temp dir");
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn write(p: &Path, text: &str) {
+    fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    fs::write(p, text).expect("write");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker environment
+
+fn env_inputs(worker_dir: &Path) -> EnvInputs {
+    EnvInputs {
+        provider_declared: true,
+        ryzenai_root: Some("/opt/ryzenai/venv".into()),
+        xrt_root_knob: None,
+        xilinx_xrt: None,
+        ld_library_path: None,
+        worker_exe: worker_dir.join("onebit-tts"),
+    }
+}
+
+fn vars(plan: &EnvPlan) -> Vec<(&'static str, OsString)> {
+    plan.vars()
+}
+
+#[test]
+fn env_venv_lib_first_when_the_worker_has_no_provider_copy() {
+    let t = TempDir::new("env-plain");
+    let mut i = env_inputs(&t.0);
+    i.ld_library_path = Some("/usr/local/lib".into());
+    let plan = worker_env(&i).expect("plan");
+    assert_eq!(
+        vars(&plan),
+        [
+            ("XILINX_XRT", OsString::from("/opt/xilinx/xrt")),
+            (
+                "LD_LIBRARY_PATH",
+                OsString::from(
+                    "/opt/xilinx/xrt/lib:/opt/ryzenai/venv/deployment/lib:/usr/local/lib"
+                )
+            ),
+            (
+                "RYZENAI_EP_PATH",
+                OsString::from(
+                    "/opt/ryzenai/venv/deployment/lib/libonnxruntime_providers_ryzenai.so"
+                )
+            ),
+        ]
+    );
+}
+
+#[test]
+fn env_worker_dir_before_venv_lib_when_the_provider_is_beside_it() {
+    let t = TempDir::new("env-beside");
+    write(&t.0.join(PROVIDER_FILE), "");
+    let mut i = env_inputs(&t.0);
+    i.xilinx_xrt = Some("/usr/xrt".into());
+    let plan = worker_env(&i).expect("plan");
+    let EnvPlan::Set(w) = plan else {
+        panic!("expected a plan")
+    };
+    assert_eq!(w.xrt_source, XrtSource::XilinxXrt);
+    assert_eq!(
+        w.ld_library_path,
+        OsString::from(format!(
+            "/usr/xrt/lib:{}:/opt/ryzenai/venv/deployment/lib",
+            t.0.display()
+        ))
+    );
+    assert_eq!(w.ryzenai_ep_path, t.0.join(PROVIDER_FILE));
+}
+
+#[test]
+fn env_knob_beats_xilinx_xrt_and_duplicates_go() {
+    let t = TempDir::new("env-knob");
+    let mut i = env_inputs(&t.0);
+    i.xrt_root_knob = Some("/x/xrt".into());
+    i.xilinx_xrt = Some("/usr/xrt".into());
+    i.ld_library_path = Some(":/x/xrt/lib/::/a:/opt/ryzenai/venv/deployment/lib:/a:".into());
+    let EnvPlan::Set(w) = worker_env(&i).expect("plan") else {
+        panic!("expected a plan")
+    };
+    assert_eq!(w.xilinx_xrt, Path::new("/x/xrt"));
+    assert_eq!(w.xrt_source, XrtSource::Knob);
+    assert_eq!(
+        w.ld_library_path,
+        OsString::from("/x/xrt/lib:/opt/ryzenai/venv/deployment/lib:/a")
+    );
+}
+
+#[test]
+fn env_unchanged_for_cpu_models_and_without_the_knob() {
+    let t = TempDir::new("env-off");
+    let mut i = env_inputs(&t.0);
+    i.provider_declared = false;
+    assert_eq!(
+        worker_env(&i).expect("plan"),
+        EnvPlan::Unchanged(Unchanged::CpuModel)
+    );
+    let mut i = env_inputs(&t.0);
+    i.ryzenai_root = None;
+    let plan = worker_env(&i).expect("plan");
+    assert_eq!(plan, EnvPlan::Unchanged(Unchanged::NoRyzenAiRoot));
+    let mut cmd = Command::new("true");
+    plan.apply(&mut cmd);
+    assert_eq!(cmd.get_envs().count(), 0);
+}
+
+#[test]
+fn env_reaches_a_real_child() {
+    let t = TempDir::new("env-child");
+    let plan = worker_env(&env_inputs(&t.0)).expect("plan");
+    let mut cmd = Command::new("sh");
+    cmd.args([
+        "-c",
+        "printf '%s|%s|%s' \"$XILINX_XRT\" \"$LD_LIBRARY_PATH\" \"$RYZENAI_EP_PATH\"",
+    ]);
+    plan.apply(&mut cmd);
+    let out = cmd.output().expect("sh");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/opt/xilinx/xrt|/opt/xilinx/xrt/lib:/opt/ryzenai/venv/deployment/lib|\
+         /opt/ryzenai/venv/deployment/lib/libonnxruntime_providers_ryzenai.so"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Doctor
+
+struct Answers {
+    id: Identity,
+    memlock: Memlock,
+    log: Option<String>,
+}
+
+impl Host for Answers {
+    fn identity(&self) -> Identity {
+        self.id.clone()
+    }
+    fn memlock(&self) -> Result<Memlock, NpuError> {
+        Ok(self.memlock)
+    }
+    fn kernel_log(&self) -> Result<String, NpuError> {
+        self.log.clone().ok_or(NpuError::Command {
+            program: "dmesg".into(),
+            reason: "Operation not permitted".into(),
+        })
+    }
+    fn run(
+        &self,
+        program: &Path,
+        _args: &[&str],
+        _env: &[(&str, OsString)],
+    ) -> Result<CommandOutput, NpuError> {
+        Err(NpuError::Command {
+            program: program.display().to_string(),
+            reason: "not in this test".into(),
+        })
+    }
+}
+
+/// A Strix Halo box as the doctor sees it, all in a temp dir.
+fn fake_system(t: &TempDir) -> DoctorInputs {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let roots = SystemRoots::under(&t.0);
+    write(&roots.proc.join("modules"), "amdxdna 200704 0 - Live 0x0\n");
+    write(&roots.proc.join("self/uid_map"), "0 0 4294967295\n");
+    write(&roots.proc.join("meminfo"), "HugePages_Total:      64\n");
+    write(
+        &roots.proc.join("mounts"),
+        &format!(
+            "hugetlbfs {} hugetlbfs rw 0 0\n",
+            roots.hugepages_mount().display()
+        ),
+    );
+    let pci = roots.pci_devices().join("0000:c5:00.1");
+    write(&pci.join("vendor"), "0x1022\n");
+    write(&pci.join("device"), "0x17f0\n");
+    write(&pci.join("revision"), "0x11\n");
+    fs::create_dir_all(roots.sys.join("bus/pci/drivers/amdxdna")).expect("mkdir");
+    symlink("../../../bus/pci/drivers/amdxdna", pci.join("driver")).expect("symlink");
+    write(&roots.accel_sysfs_device().join("fw_version"), "1.1.2.0\n");
+    write(&roots.lib.join("firmware/amdnpu/17f0_11/npu.sbin"), "fw");
+    let node = roots.accel_node();
+    write(&node, "");
+    fs::set_permissions(&node, fs::Permissions::from_mode(0o660)).expect("chmod");
+    let gid = fs::metadata(&node).expect("meta").gid();
+    write(&roots.etc.join("group"), &format!("render:x:{gid}:\n"));
+    let xrt = t.0.join("xrt");
+    write(&xrt.join("lib/libxrt_coreutil.so.2.20.0"), "");
+    write(&xrt.join("lib/libxrt_driver_xdna.so.2"), "");
+    let venv = t.0.join("venv");
+    write(&venv.join("deployment/lib/libonnxruntime-genai.so"), "");
+    write(&venv.join("deployment/lib").join(PROVIDER_FILE), "");
+    write(&venv.join("pyvenv.cfg"), "version = 3.12.10\n");
+    DoctorInputs {
+        roots,
+        ryzenai_root: Some(venv),
+        xrt_root_knob: Some(xrt),
+        xilinx_xrt: None,
+        worker_exe: Some(t.0.join("bin/onebit-tts")),
+    }
+}
+
+fn render_user(inputs: &DoctorInputs) -> Answers {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(inputs.roots.accel_node()).expect("node");
+    Answers {
+        id: Identity {
+            uid: m.uid().wrapping_add(1000),
+            gid: m.gid().wrapping_add(1),
+            groups: vec![m.gid()],
+        },
+        memlock: Memlock {
+            soft: Limit::Unlimited,
+            hard: Limit::Unlimited,
+        },
+        log: Some("[drm] Initialized amdxdna 0.6.0 for 0000:c5:00.1 on minor 0\n".into()),
+    }
+}
+
+#[test]
+fn doctor_passes_a_ready_box() {
+    let t = TempDir::new("doctor-ok");
+    let inputs = fake_system(&t);
+    let report = doctor::run(&inputs, &render_user(&inputs));
+    let text = report.to_text();
+    assert!(
+        report.checks.iter().all(|c| c.status == Status::Pass),
+        "{text}"
+    );
+    assert_eq!(report.exit_code(), 0);
+    assert!(text.contains("PASS  XRT: 2.20.0 at "), "{text}");
+    assert!(
+        text.ends_with("npu doctor: 16 pass, 0 warn, 0 fail\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn doctor_names_each_blocker_with_its_fix() {
+    let t = TempDir::new("doctor-bad");
+    let inputs = fake_system(&t);
+    let mut host = render_user(&inputs);
+    host.id.groups.clear();
+    host.memlock.soft = Limit::Bytes(8 << 20);
+    host.memlock.hard = Limit::Bytes(8 << 20);
+    host.log = Some(
+        "amdxdna 0000:c5:00.1: aie2_check_protocol: Incompatible firmware protocol major 7 minor 2\n"
+            .into(),
+    );
+    fs::remove_file(inputs.roots.lib.join("firmware/amdnpu/17f0_11/npu.sbin")).expect("rm");
+    let report = doctor::run(&inputs, &host);
+    let failed: Vec<&str> = report
+        .checks
+        .iter()
+        .filter(|c| c.status == Status::Fail)
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(
+        failed,
+        ["NPU firmware file", "accel node", "memlock", "kernel log"],
+        "{}",
+        report.to_text()
+    );
+    assert!(
+        report
+            .checks
+            .iter()
+            .filter(|c| c.status != Status::Pass)
+            .all(|c| c
+                .fix
+                .as_deref()
+                .is_some_and(|f| !f.is_empty() && !f.contains('\n')))
+    );
+    assert_eq!(report.exit_code(), 1);
+    let v: serde_json::Value = serde_json::from_str(&report.to_json()).expect("json");
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["summary"]["fail"], 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Residency
+
+/// A fake /proc/<pid>/fd for `pid` whose fd 5 points at `target`.
+fn fake_fd(roots: &SystemRoots, pid: u32, target: &Path) {
+    let fd = roots.proc_fd_dir(pid);
+    fs::create_dir_all(&fd).expect("mkdir");
+    symlink("/dev/null", fd.join("0")).expect("symlink");
+    symlink(target, fd.join("5")).expect("symlink");
+}
+
+#[test]
+fn residency_proven_with_all_three_pieces_of_evidence() {
+    let t = TempDir::new("res-ok");
+    let roots = SystemRoots::under(&t.0);
+    write(&roots.accel_node(), "");
+    write(&roots.mem_usage(), "1048576\n");
+    let before = read_mem_usage(&roots).ok();
+    write(&roots.mem_usage(), "734003200\n");
+    let after = read_mem_usage(&roots).ok();
+    fake_fd(&roots, 4321, &roots.accel_node());
+    let r = prove(&roots, before, after, 4321, true);
+    assert_eq!(r, Residency::Proven);
+    assert_eq!(r.to_string(), "npu residency: proven");
+}
+
+#[test]
+fn residency_not_proven_names_every_missing_piece() {
+    let t = TempDir::new("res-bad");
+    let roots = SystemRoots::under(&t.0);
+    write(&roots.accel_node(), "");
+    fake_fd(&roots, 4321, Path::new("/dev/dri/renderD128"));
+    let r = prove(&roots, Some(1000), Some(1000), 4321, false);
+    let text = r.to_string();
+    assert!(text.starts_with("npu residency: not proven: "), "{text}");
+    assert!(
+        text.contains("did not grow across the load (1000 -> 1000 bytes)"),
+        "{text}"
+    );
+    assert!(text.contains("does not hold"), "{text}");
+    assert!(
+        text.contains("does not name RyzenAILightExecutionProvider"),
+        "{text}"
+    );
+    // No such process and no mem_usage file: still an answer, with reasons.
+    let r = prove(&roots, read_mem_usage(&roots).ok(), None, 999_999, true);
+    let Residency::NotProven(reasons) = r else {
+        panic!("proven without evidence")
+    };
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(reasons[0].contains("not readable before the load"));
+    assert!(reasons[1].contains("cannot tell whether worker pid 999999"));
+}
+
+#[test]
+fn holds_accel_reads_the_real_proc_fd_table() {
+    let t = TempDir::new("res-real");
+    let mut roots = SystemRoots::under(&t.0);
+    roots.proc = PathBuf::from("/proc");
+    write(&roots.accel_node(), "");
+    let pid = std::process::id();
+    assert!(!holds_accel(pid, &roots).expect("fd table"));
+    let f = fs::File::open(roots.accel_node()).expect("open");
+    assert!(holds_accel(pid, &roots).expect("fd table"));
+    drop(f);
+    assert!(!holds_accel(pid, &roots).expect("fd table"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle, with real processes
+
+#[test]
+fn stop_grace_from_the_variable() {
+    assert_eq!(StopGrace::parse(None).grace, Duration::from_secs(30));
+    assert_eq!(
+        StopGrace::parse(Some(OsStr::new("5"))).grace,
+        Duration::from_secs(5)
+    );
+    let bad = StopGrace::parse(Some(OsStr::new("5m")));
+    assert_eq!(bad.grace, Duration::from_secs(30));
+    assert!(
+        bad.warning
+            .is_some_and(|w| w.contains("ONEBIT_BACKEND_STOP_GRACE_S"))
+    );
+}
+
+/// The state letter of a live (unreaped) process in /proc/<pid>/stat: R, S, T, Z, ...
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces; the state follows it.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Waits (bounded) until the process reaches `state`; the short pause only paces the polling.
+fn wait_for_state(pid: u32, state: char) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proc_state(pid) != Some(state) {
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} never reached state {state}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn stopped_sleeper() -> Child {
+    let child = Child::spawn(Command::new("sleep").arg("1000"), "sleeper").expect("spawn sleep");
+    assert!(child.signal(libc::SIGSTOP).expect("SIGSTOP"));
+    wait_for_state(child.pid(), 'T');
+    child
+}
+
+#[test]
+fn a_child_that_exits_on_its_own_is_reaped_at_once_and_stop_is_a_no_op() {
+    let child =
+        Arc::new(Child::spawn(Command::new("sh").args(["-c", "exit 3"]), "worker").expect("spawn"));
+    let (tx, rx) = mpsc::channel();
+    let _watchdog = child
+        .spawn_watchdog(Duration::from_millis(20), move |e| {
+            let _ = tx.send(e);
+        })
+        .expect("watchdog");
+    let ending = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("watchdog saw the exit");
+    assert_eq!(ending, Ending::Exit(3));
+    assert!(!child.alive());
+    let t0 = Instant::now();
+    let outcome = child
+        .stop(Duration::from_secs(30), true, true)
+        .expect("stop");
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "stop() waited {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(outcome, StopOutcome::AlreadyEnded(Ending::Exit(3)));
+    assert_eq!(
+        outcome.ending().map(|e| e.to_string()).as_deref(),
+        Some("exit 3")
+    );
+    // Nothing can be signalled once reaped (the pid may belong to someone else by now).
+    assert!(!child.signal(libc::SIGTERM).expect("no-op"));
+}
+
+#[test]
+fn stop_finds_an_unreaped_exit_without_waiting() {
+    let child = Child::spawn(Command::new("sh").args(["-c", "exit 3"]), "worker").expect("spawn");
+    wait_for_state(child.pid(), 'Z');
+    let t0 = Instant::now();
+    let outcome = child
+        .stop(Duration::from_secs(30), false, true)
+        .expect("stop");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert_eq!(outcome.to_string(), "already ended (exit 3)");
+}
+
+#[test]
+fn a_child_that_handles_sigterm_ends_with_exit_0() {
+    let mut cmd = Command::new("sh");
+    cmd.args([
+        "-c",
+        "trap 'exit 0' TERM; echo ready; while :; do sleep 0.05; done",
+    ])
+    .stdout(Stdio::piped());
+    let child = Child::spawn(&mut cmd, "worker").expect("spawn");
+    let stdout = child.with_std(|c| c.stdout.take()).expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read");
+    assert_eq!(line, "ready\n", "the trap is installed before `ready`");
+    let outcome = child
+        .stop(Duration::from_secs(30), true, false)
+        .expect("stop");
+    let StopOutcome::Ended { ending, after } = outcome else {
+        panic!("unexpected {outcome:?}")
+    };
+    assert_eq!(ending.to_string(), "exit 0");
+    assert!(after < Duration::from_secs(10));
+}
+
+#[test]
+fn a_hung_npu_holder_gets_the_grace_and_is_never_sigkilled() {
+    let child = stopped_sleeper();
+    let pid = child.pid();
+    let t0 = Instant::now();
+    let outcome = child
+        .stop(Duration::from_secs(1), true, true)
+        .expect("stop");
+    let waited = t0.elapsed();
+    assert_eq!(
+        outcome,
+        StopOutcome::LeftRunning {
+            pid,
+            holds_npu: true
+        }
+    );
+    assert!(
+        waited >= Duration::from_secs(1),
+        "grace not given: {waited:?}"
+    );
+    // Still there, still stopped, not reaped.
+    assert!(child.alive());
+    assert_eq!(proc_state(pid), Some('T'));
+    // Clean up by hand.
+    assert!(child.signal(libc::SIGKILL).expect("SIGKILL"));
+    assert_eq!(
+        child.wait_timeout(Duration::from_secs(10)),
+        Some(Ending::Signal(libc::SIGKILL))
+    );
+}
+
+#[test]
+fn a_hung_child_that_is_not_an_npu_holder_is_sigkilled_when_allowed() {
+    let child = stopped_sleeper();
+    let t0 = Instant::now();
+    let outcome = child
+        .stop(Duration::from_secs(1), false, true)
+        .expect("stop");
+    assert!(t0.elapsed() >= Duration::from_secs(1));
+    assert_eq!(
+        outcome,
+        StopOutcome::Killed(Some(Ending::Signal(libc::SIGKILL)))
+    );
+    assert_eq!(
+        outcome.ending().map(|e| e.to_string()).as_deref(),
+        Some("signal 9")
+    );
+    assert!(!child.alive());
+}
+
+#[test]
+fn a_hung_child_is_left_running_when_kill_is_not_allowed() {
+    let child = stopped_sleeper();
+    let pid = child.pid();
+    let outcome = child.stop(Duration::ZERO, false, false).expect("stop");
+    assert_eq!(
+        outcome,
+        StopOutcome::LeftRunning {
+            pid,
+            holds_npu: false
+        }
+    );
+    assert!(child.alive());
+    assert!(child.signal(libc::SIGKILL).expect("SIGKILL"));
+    assert_eq!(
+        child.wait_timeout(Duration::from_secs(10)),
+        Some(Ending::Signal(9))
+    );
+}
+
+#[test]
+fn sigterm_goes_to_the_child_only_not_its_group() {
+    // The child runs in our process group; if stop() signalled the group, this test process
+    // would get SIGTERM too and die.
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "echo ready; exec sleep 1000"])
+        .stdout(Stdio::piped());
+    let child = Child::spawn(&mut cmd, "worker").expect("spawn");
+    let stdout = child.with_std(|c| c.stdout.take()).expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read");
+    let outcome = child
+        .stop(Duration::from_secs(10), false, false)
+        .expect("stop");
+    assert_eq!(outcome.ending(), Some(Ending::Signal(libc::SIGTERM)));
+}
