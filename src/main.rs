@@ -56,6 +56,9 @@ struct ModelArgs {
     /// KV cache handling (default: the package's search.past_present_share_buffer).
     #[arg(long, value_parser = parse_kv)]
     kv: Option<KvMode>,
+    /// Generation loop: ort (ours, in-process ONNX Runtime) or oga (onnxruntime-genai).
+    #[arg(long, env = "ONEBIT_ENGINE", default_value = "ort")]
+    engine: EngineKind,
 }
 
 fn parse_kv(s: &str) -> Result<KvMode, String> {
@@ -257,6 +260,7 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
         },
         codec_threads: m.threads,
         max_input_chars: 0,
+        engine: m.engine,
     }
 }
 

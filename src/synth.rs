@@ -10,7 +10,8 @@ use crate::audio::{OutputPipeline, OutputSpec};
 use crate::codec::stream::{StreamDecoder, StreamError, decode_whole};
 use crate::codec::{CodecDecoder, CodecError};
 use crate::engine::{
-    self, Backbone, CancelToken, Candidates, EngineError, GenerationParams, OrtOptions, StopReason,
+    self, CancelToken, Candidates, Engine, EngineError, GenerationParams, LocalEngine, OrtOptions,
+    StopReason,
 };
 use crate::metrics::StageTimings;
 use crate::package::{ModelPackage, SPEECH_CODES};
@@ -54,6 +55,41 @@ pub struct SynthConfig {
     pub codec_threads: Option<usize>,
     /// 0 means [`DEFAULT_MAX_INPUT_CHARS`].
     pub max_input_chars: usize,
+    /// Which generation loop runs the backbone.
+    pub engine: EngineKind,
+}
+
+/// The backbone's generation loop: our own over ONNX Runtime (default), or onnxruntime-genai's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EngineKind {
+    #[default]
+    Ort,
+    Oga,
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ort" => Ok(Self::Ort),
+            "oga" => Ok(Self::Oga),
+            _ => Err(format!("unknown engine {s:?} (supported: ort, oga)")),
+        }
+    }
+}
+
+/// Loads the engine a config asks for over a loaded package.
+pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engine>, crate::Error> {
+    match cfg.engine {
+        EngineKind::Ort => {
+            let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
+            let backbone = engine::OrtBackbone::load(env, pkg, &cfg.ort)?;
+            Ok(Box::new(LocalEngine(Box::new(backbone))))
+        }
+        EngineKind::Oga => Err(crate::Error::Engine(EngineError::Params(
+            "the oga engine is not built yet".into(),
+        ))),
+    }
 }
 
 /// One request.
@@ -209,7 +245,7 @@ impl FrontEnd {
 /// The loaded model, codec and voices; shared by every request.
 pub struct Synthesizer {
     front: FrontEnd,
-    backbone: Mutex<Box<dyn Backbone>>,
+    engine: Mutex<Box<dyn Engine>>,
     codec: Mutex<CodecDecoder>,
     candidates: Candidates,
 }
@@ -217,14 +253,14 @@ pub struct Synthesizer {
 impl Synthesizer {
     pub fn load(cfg: &SynthConfig) -> Result<Self, crate::Error> {
         let front = FrontEnd::load(cfg)?;
+        let engine = load_engine(cfg, front.package())?;
         let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
-        let backbone = engine::OrtBackbone::load(env, front.package(), &cfg.ort)?;
         let codec = CodecDecoder::load(env, &front.package().codec, cfg.codec_threads)?;
-        Ok(Self::from_parts(front, Box::new(backbone), codec))
+        Ok(Self::from_parts(front, engine, codec))
     }
 
     /// Assembles a synthesizer from loaded parts (other backbones, tests).
-    pub fn from_parts(front: FrontEnd, backbone: Box<dyn Backbone>, codec: CodecDecoder) -> Self {
+    pub fn from_parts(front: FrontEnd, engine: Box<dyn Engine>, codec: CodecDecoder) -> Self {
         let pkg = front.package();
         let candidates = Candidates {
             speech_first: pkg.vocab.first,
@@ -233,7 +269,7 @@ impl Synthesizer {
         };
         Self {
             front,
-            backbone: Mutex::new(backbone),
+            engine: Mutex::new(engine),
             codec: Mutex::new(codec),
             candidates,
         }
@@ -256,7 +292,7 @@ impl Synthesizer {
     }
 
     pub fn engine_description(&self) -> String {
-        self.backbone
+        self.engine
             .lock()
             .map(|b| b.describe())
             .unwrap_or_else(|_| "unavailable".into())
@@ -311,14 +347,13 @@ impl Synthesizer {
             };
 
         let generation = {
-            let mut backbone = self.backbone.lock().map_err(|_| SynthError::Poisoned)?;
+            let mut engine = self.engine.lock().map_err(|_| SynthError::Poisoned)?;
             let reference: Vec<i32> = voice.codes.iter().map(|&c| c as i32).collect();
             let mut stream = req.output.streaming.then(|| {
                 StreamDecoder::new(|codes: &[i32]| decode_i32(&mut codec, codes), &reference)
             });
             let mut index = 0;
-            let generation = engine::generate(
-                backbone.as_mut(),
+            let generation = engine.generate(
                 &self.candidates,
                 &ids,
                 &req.generation,

@@ -82,6 +82,40 @@ pub trait Backbone: Send {
     fn describe(&self) -> String;
 }
 
+/// Something that turns a prompt into speech codes: an in-process [`Backbone`] under the shared
+/// loop ([`LocalEngine`]), or a proxy to another process that runs that loop itself.
+pub trait Engine: Send {
+    fn generate(
+        &mut self,
+        candidates: &Candidates,
+        prompt: &[u32],
+        params: &GenerationParams,
+        cancel: &CancelToken,
+        on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Generation, EngineError>;
+    fn describe(&self) -> String;
+}
+
+/// A backbone in this process, driven by [`generate`].
+pub struct LocalEngine(pub Box<dyn Backbone>);
+
+impl Engine for LocalEngine {
+    fn generate(
+        &mut self,
+        candidates: &Candidates,
+        prompt: &[u32],
+        params: &GenerationParams,
+        cancel: &CancelToken,
+        on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Generation, EngineError> {
+        generate(self.0.as_mut(), candidates, prompt, params, cancel, on_code)
+    }
+
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+}
+
 /// Per-request generation settings.
 #[derive(Debug, Clone)]
 pub struct GenerationParams {
