@@ -17,7 +17,7 @@ use onebit_tts::package::ModelPackage;
 use onebit_tts::prompt::InputFormat;
 use onebit_tts::server::ServerConfig;
 use onebit_tts::synth::{
-    FrontEnd, SpeechRequest, SynthConfig, SynthEvent, Synthesizer, resolve_dir,
+    EngineKind, FrontEnd, SpeechRequest, SynthConfig, SynthEvent, Synthesizer, resolve_dir,
 };
 use onebit_tts::text::Language;
 
