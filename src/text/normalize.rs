@@ -24,15 +24,15 @@ fn is_invisible(c: char) -> bool {
     )
 }
 
-/// Maps curly quotes to straight ones (as the vendor does), folds every whitespace run to one
-/// space, drops control and invisible format characters, and trims.
+/// Folds every whitespace run to one space, drops control and invisible format characters, and
+/// trims: what the vendor lacks. Quotes stay as written, since the vendor's phoneme path feeds
+/// curly quotes to the phonemizer unchanged (the prompt goldens carry them).
 ///
 /// Fails with [`TextError::NothingSpeakable`] when no letter or digit is left.
 pub fn normalize(text: &str) -> Result<String, TextError> {
     let mut out = String::with_capacity(text.len());
     let mut pending_space = false;
     for c in text.chars() {
-        let c = map_quote(c);
         if py::is_space(c) || c.is_whitespace() {
             pending_space = true;
             continue;
@@ -52,7 +52,7 @@ pub fn normalize(text: &str) -> Result<String, TextError> {
     Ok(out)
 }
 
-/// [`normalize`] plus NFKC: the vendor's input format for BPE (non-phoneme) models.
+/// The vendor's BPE input format: curly quotes to straight ones, NFKC, then [`normalize`].
 pub fn normalize_bpe(text: &str) -> Result<String, TextError> {
     // The vendor maps quotes before NFKC; the clean-up after it catches whitespace and control
     // characters that compatibility decomposition can produce (e.g. U+2002 EN SPACE).
@@ -67,14 +67,16 @@ mod tests {
     #[test]
     fn curly_quotes_become_straight() {
         assert_eq!(
-            normalize("\u{201c}Don\u{2019}t,\u{201d} she said, \u{2018}really\u{2019}.").unwrap(),
+            normalize_bpe("\u{201c}Don\u{2019}t,\u{201d} she said, \u{2018}really\u{2019}.").unwrap(),
             "\"Don't,\" she said, 'really'."
         );
         // Only those four: low-9 quotes and guillemets are not part of the vendor's map.
         assert_eq!(
-            normalize("«Salut» „Hallo“ ‚ja‘").unwrap(),
+            normalize_bpe("«Salut» „Hallo“ ‚ja‘").unwrap(),
             "«Salut» „Hallo\" ‚ja'"
         );
+        // The phoneme path keeps them, as the vendor does.
+        assert_eq!(normalize("\u{201c}Hi\u{201d}").unwrap(), "\u{201c}Hi\u{201d}");
     }
 
     #[test]
