@@ -357,7 +357,7 @@ fn say(
     let bar = progress_bar(
         quiet,
         0,
-        "{spinner} {pos}/~{len} codes {msg} [{elapsed_precise}]",
+        "{spinner} {prefix} {pos}/~{len} codes {msg} [{elapsed_precise}]",
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     let started = std::time::Instant::now();
@@ -376,6 +376,10 @@ fn say(
             SynthEvent::Started {
                 estimated_codes, ..
             } => bar.set_length(estimated_codes as u64),
+            SynthEvent::Piece { index, count, .. } if count > 1 => {
+                bar.set_prefix(format!("piece {}/{count}", index + 1));
+            }
+            SynthEvent::Piece { .. } => {}
             SynthEvent::Code { index, .. } => {
                 let n = index as u64 + 1;
                 if n > bar.length().unwrap_or(0) {
@@ -494,12 +498,35 @@ fn prompt_cmd(model: &ModelArgs, g: &GenArgs, voice: &str, text: String, json: b
     // The prompt needs no runtime: only the package, the voice and the front end.
     let front = FrontEnd::load(&synth_config(model))?;
     let req = request(voice, text, g, OutputSpec::default())?;
-    let (ids, prepared, _) = front.build_prompt(&req)?;
+    let budget = front.package().genai.token_budget();
+    let (pieces, _) = front.plan(&req, budget, req.generation.min_new_tokens)?;
     if json {
-        let v = serde_json::json!({ "text": prepared, "ids": ids, "tokens": ids.len() });
+        let list: Vec<_> = pieces
+            .iter()
+            .map(|p| {
+                serde_json::json!({"text": p.text, "prepared": p.prepared, "ids": p.ids,
+                "tokens": p.ids.len(), "estimated_codes": p.estimated_codes})
+            })
+            .collect();
+        // One piece prints as one object (the common case, and what parity scripts read).
+        let v = match list.as_slice() {
+            [one] => one.clone(),
+            _ => serde_json::json!({ "pieces": list, "budget": budget }),
+        };
         println!("{v}");
     } else {
-        println!("text:   {prepared}\ntokens: {}\nids:    {ids:?}", ids.len());
+        for (i, p) in pieces.iter().enumerate() {
+            println!(
+                "piece {}/{}\ntext:     {}\nprepared: {}\ntokens:   {} (+~{} codes of a {budget}-token budget)\nids:      {:?}",
+                i + 1,
+                pieces.len(),
+                p.text,
+                p.prepared,
+                p.ids.len(),
+                p.estimated_codes,
+                p.ids
+            );
+        }
     }
     Ok(())
 }

@@ -38,6 +38,14 @@ pub enum SynthError {
     InputTooLong { got: usize, limit: usize },
     #[error("the input text is empty")]
     EmptyInput,
+    #[error(
+        "the word {word:?} alone needs {needed} tokens (prompt with the voice's reference plus its expected codes); the model's budget is {budget} tokens per piece"
+    )]
+    WordTooLong {
+        word: String,
+        needed: usize,
+        budget: usize,
+    },
     #[error(transparent)]
     Audio(#[from] crate::audio::AudioError),
     #[error("the engine is unavailable: a previous request panicked inside it")]
@@ -115,7 +123,16 @@ pub enum SynthEvent<'a> {
         prompt_tokens: usize,
         estimated_codes: usize,
     },
-    /// One more code was generated.
+    /// A piece of a long text starts (pieces are sentences or clauses grouped to fit the budget).
+    Piece {
+        index: usize,
+        count: usize,
+        text: &'a str,
+        prompt_tokens: usize,
+        /// Codes this piece may generate at most (budget minus prompt).
+        max_new_tokens: usize,
+    },
+    /// One more code was generated (index counts over the whole request).
     Code { index: usize, code: u32 },
     /// Encoded audio bytes of the requested format, in order.
     Audio(&'a [u8]),
@@ -133,6 +150,8 @@ pub struct SynthesisReport {
     pub sample_rate: u32,
     pub speed: f32,
     pub bytes: usize,
+    /// Pieces the text was cut into (1 unless it was longer than the budget allows).
+    pub pieces: usize,
     pub timings: StageTimings,
 }
 
@@ -203,12 +222,34 @@ impl FrontEnd {
             InputFormat::Bpe => text::normalize_bpe(text),
         }
     }
+}
 
-    /// The prompt ids for a request, the prepared text (phonemes or normalised text) and the voice.
-    pub fn build_prompt(
+/// One piece of a request's text with its prompt.
+#[derive(Debug, Clone)]
+pub struct Piece {
+    /// The piece's source text (normalised).
+    pub text: String,
+    /// The text in the model's input format (phonemes or normalised BPE text).
+    pub prepared: String,
+    pub ids: Vec<u32>,
+    /// Codes this piece is expected to need, from the voice's speaking rate.
+    pub estimated_codes: usize,
+}
+
+/// Pause inserted between pieces of a long text, and the fade that keeps the joins click-free.
+pub const PIECE_PAUSE_S: f32 = 0.2;
+const PIECE_FADE_S: f32 = 0.01;
+
+impl FrontEnd {
+    /// Splits a request's text into pieces whose prompt plus expected codes fit the model's token
+    /// budget, in order. A text that fits whole is one piece phonemized whole, exactly as the
+    /// vendor does; longer ones are cut at sentences, then clauses, then words.
+    pub fn plan(
         &self,
         req: &SpeechRequest,
-    ) -> Result<(Vec<u32>, String, &Voice), SynthError> {
+        budget: usize,
+        min_new: usize,
+    ) -> Result<(Vec<Piece>, &Voice), SynthError> {
         let chars = req.text.chars().count();
         if chars > self.max_input_chars {
             return Err(SynthError::InputTooLong {
@@ -226,19 +267,134 @@ impl FrontEnd {
         };
         let format = req.input_format.unwrap_or(self.pkg.input_format);
         let ref_text = self.prepare_text(&voice.transcript, format, lang)?;
-        let text = self.prepare_text(&req.text, format, lang)?;
-        let ids = prompt::build(
-            &self.pkg.tokenizer,
-            &self.pkg.vocab,
-            &PromptInput {
-                format,
-                ref_text: &ref_text,
-                text: &text,
-                ref_codes: &voice.codes,
-                emotion: req.emotion.as_deref(),
-            },
-        )?;
-        Ok((ids, text, voice))
+        // Speaking rate of this voice: codes per character of its prepared transcript, with a
+        // margin so a piece rarely runs into the budget.
+        let rate = voice.codes.len() as f64 / ref_text.chars().count().max(1) as f64;
+        let estimate = |prepared: &str| {
+            ((prepared.chars().count() as f64 * rate * 1.3).ceil() as usize).max(min_new)
+        };
+        let build = |prepared: &str| {
+            prompt::build(
+                &self.pkg.tokenizer,
+                &self.pkg.vocab,
+                &PromptInput {
+                    format,
+                    ref_text: &ref_text,
+                    text: prepared,
+                    ref_codes: &voice.codes,
+                    emotion: req.emotion.as_deref(),
+                },
+            )
+        };
+        let whole = text::normalize(&req.text)?;
+        let prepared = self.prepare_text(&whole, format, lang)?;
+        let ids = build(&prepared)?;
+        let est = estimate(&prepared);
+        if ids.len() + est <= budget {
+            return Ok((
+                vec![Piece {
+                    text: whole,
+                    prepared,
+                    ids,
+                    estimated_codes: est,
+                }],
+                voice,
+            ));
+        }
+
+        // Units small enough to fit alone, each with its prepared text.
+        let fits = |prepared: &str| -> Result<(bool, usize), SynthError> {
+            let n = build(prepared)?.len() + estimate(prepared);
+            Ok((n <= budget, n))
+        };
+        let mut units: Vec<(String, String)> = Vec::new();
+        for sentence in text::split_sentences(&whole) {
+            let p = self.prepare_text(&sentence, format, lang)?;
+            if fits(&p)?.0 {
+                units.push((sentence, p));
+                continue;
+            }
+            for clause in text::split_clauses(&sentence) {
+                let p = self.prepare_text(&clause, format, lang)?;
+                if fits(&p)?.0 {
+                    units.push((clause, p));
+                    continue;
+                }
+                // Group words greedily; a single word that cannot fit is an error, never a cut.
+                let mut cur = String::new();
+                for word in clause.split_whitespace() {
+                    let cand = if cur.is_empty() {
+                        word.to_owned()
+                    } else {
+                        format!("{cur} {word}")
+                    };
+                    let cp = self.prepare_text(&cand, format, lang)?;
+                    if fits(&cp)?.0 {
+                        cur = cand;
+                        continue;
+                    }
+                    if cur.is_empty() {
+                        let (_, needed) = fits(&cp)?;
+                        return Err(SynthError::WordTooLong {
+                            word: word.to_owned(),
+                            needed,
+                            budget,
+                        });
+                    }
+                    let p = self.prepare_text(&cur, format, lang)?;
+                    units.push((std::mem::take(&mut cur), p));
+                    cur = word.to_owned();
+                    let wp = self.prepare_text(&cur, format, lang)?;
+                    let (ok, needed) = fits(&wp)?;
+                    if !ok {
+                        return Err(SynthError::WordTooLong {
+                            word: word.to_owned(),
+                            needed,
+                            budget,
+                        });
+                    }
+                }
+                if !cur.is_empty() {
+                    let p = self.prepare_text(&cur, format, lang)?;
+                    units.push((cur, p));
+                }
+            }
+        }
+        // Merge neighbours while they fit: longer pieces keep the prosody of whole sentences.
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut cur: Option<(String, String)> = None;
+        for (t, p) in units {
+            cur = Some(match cur.take() {
+                None => (t, p),
+                Some((ct, cp)) => {
+                    let mp = format!("{cp} {p}");
+                    if fits(&mp)?.0 {
+                        (format!("{ct} {t}"), mp)
+                    } else {
+                        let ids = build(&cp)?;
+                        let estimated_codes = estimate(&cp);
+                        pieces.push(Piece {
+                            text: ct,
+                            prepared: cp,
+                            ids,
+                            estimated_codes,
+                        });
+                        (t, p)
+                    }
+                }
+            });
+        }
+        if let Some((ct, cp)) = cur {
+            let ids = build(&cp)?;
+            let estimated_codes = estimate(&cp);
+            pieces.push(Piece {
+                text: ct,
+                prepared: cp,
+                ids,
+                estimated_codes,
+            });
+        }
+        Ok((pieces, voice))
     }
 }
 
@@ -301,8 +457,8 @@ impl Synthesizer {
     /// Synthesises one request. `sink` sees progress and audio in order and may stop the request.
     ///
     /// Streaming requests decode in the vendor's overlapping windows while codes are generated, so
-    /// the first audio leaves after 30 codes; whole requests decode once at the end, as the vendor's
-    /// non-streaming path does.
+    /// the first audio leaves after 30 codes; whole requests decode each piece once, as the vendor's
+    /// non-streaming path does. Long texts run piece by piece into one continuous output.
     pub fn synthesize(
         &self,
         req: &SpeechRequest,
@@ -311,15 +467,16 @@ impl Synthesizer {
     ) -> Result<SynthesisReport, SynthError> {
         let t0 = Instant::now();
         let mut timings = StageTimings::default();
-        let (ids, text, voice) = self.front.build_prompt(req)?;
+        let budget = self.package().genai.token_budget();
+        let (pieces, voice) = self
+            .front
+            .plan(req, budget, req.generation.min_new_tokens)?;
         timings.front_end = t0.elapsed();
         let rate = self.package().codec.sample_rate;
         let mut pipeline = OutputPipeline::new(&req.output, rate)?;
-        // Speaking rate of this voice: codes per character of its transcript.
-        let ref_chars = voice.transcript.chars().count().max(1);
-        let estimated_codes = (text.chars().count() * voice.codes.len()).div_ceil(ref_chars);
+        let estimated_codes = pieces.iter().map(|p| p.estimated_codes).sum();
         if sink(SynthEvent::Started {
-            prompt_tokens: ids.len(),
+            prompt_tokens: pieces.iter().map(|p| p.ids.len()).sum(),
             estimated_codes,
         })
         .is_break()
@@ -328,63 +485,115 @@ impl Synthesizer {
         }
 
         let mut codec = self.codec.lock().map_err(|_| SynthError::Poisoned)?;
-        let mut samples_out = 0usize;
-        let mut bytes_out = 0usize;
-        let mut failure: Option<SynthError> = None;
-        // Hands encoded bytes to the sink; false when the caller wants to stop.
-        let mut emit =
-            |bytes: Vec<u8>,
-             timings: &mut StageTimings,
-             sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>| {
-                if bytes.is_empty() {
-                    return true;
-                }
-                if timings.first_audio.is_none() {
-                    timings.first_audio = Some(t0.elapsed());
-                }
-                bytes_out += bytes.len();
-                sink(SynthEvent::Audio(&bytes)).is_continue()
-            };
+        let mut engine = self.engine.lock().map_err(|_| SynthError::Poisoned)?;
+        let reference: Vec<i32> = voice.codes.iter().map(|&c| c as i32).collect();
+        let pause = vec![0.0f32; (PIECE_PAUSE_S * rate as f32) as usize];
+        let fade = (PIECE_FADE_S * rate as f32) as usize;
+        let mut out = SynthesisReport {
+            codes: Vec::new(),
+            prompt_tokens: 0,
+            seed: 0,
+            stop: StopReason::Length,
+            samples: 0,
+            sample_rate: rate,
+            speed: req.output.speed,
+            bytes: 0,
+            pieces: pieces.len(),
+            timings,
+        };
+        // Pushes samples through the output pipeline and hands the bytes to the sink; false when
+        // the caller wants to stop.
+        let emit = |samples: &[f32],
+                    out: &mut SynthesisReport,
+                    pipeline: &mut OutputPipeline,
+                    sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>|
+         -> Result<bool, SynthError> {
+            out.samples += samples.len();
+            let t = Instant::now();
+            let bytes = pipeline.push(samples)?;
+            out.timings.encode += t.elapsed();
+            if bytes.is_empty() {
+                return Ok(true);
+            }
+            if out.timings.first_audio.is_none() {
+                out.timings.first_audio = Some(t0.elapsed());
+            }
+            out.bytes += bytes.len();
+            Ok(sink(SynthEvent::Audio(&bytes)).is_continue())
+        };
 
-        let generation = {
-            let mut engine = self.engine.lock().map_err(|_| SynthError::Poisoned)?;
-            let reference: Vec<i32> = voice.codes.iter().map(|&c| c as i32).collect();
+        let many = pieces.len() > 1;
+        for (i, piece) in pieces.iter().enumerate() {
+            if cancel.is_cancelled() {
+                out.stop = StopReason::Cancelled;
+                break;
+            }
+            let mut params = req.generation.clone();
+            let room = budget.saturating_sub(piece.ids.len());
+            params.max_new_tokens = Some(params.max_new_tokens.map_or(room, |m| m.min(room)));
+            if let Some(seed) = params.sampling.seed {
+                // Each piece gets its own stream, still fixed by the request's seed.
+                params.sampling.seed = Some(seed.wrapping_add(i as u64));
+            }
+            if sink(SynthEvent::Piece {
+                index: i,
+                count: pieces.len(),
+                text: &piece.text,
+                prompt_tokens: piece.ids.len(),
+                max_new_tokens: params.max_new_tokens.unwrap_or(room),
+            })
+            .is_break()
+            {
+                out.stop = StopReason::Cancelled;
+                break;
+            }
+            if i > 0 && !emit(&pause, &mut out, &mut pipeline, sink)? {
+                out.stop = StopReason::Cancelled;
+                break;
+            }
+            // Fades only where pieces meet, so a one-piece request is the plain decoder output.
+            let fade_in = if i > 0 { fade } else { 0 };
+            let fade_out = if many && i + 1 < pieces.len() {
+                fade
+            } else {
+                0
+            };
+            let mut first_chunk = true;
+            let mut failure: Option<SynthError> = None;
             let mut stream = req.output.streaming.then(|| {
                 StreamDecoder::new(|codes: &[i32]| decode_i32(&mut codec, codes), &reference)
             });
-            let mut index = 0;
-            let generation = engine.generate(
-                &self.candidates,
-                &ids,
-                &req.generation,
-                cancel,
-                &mut |code| {
+            let base = out.codes.len();
+            let mut stopped_by_sink = false;
+            let mut made = 0;
+            let generation =
+                engine.generate(&self.candidates, &piece.ids, &params, cancel, &mut |code| {
+                    let index = base + made;
+                    made += 1;
                     if sink(SynthEvent::Code { index, code }).is_break() {
+                        stopped_by_sink = true;
                         return ControlFlow::Break(());
                     }
-                    index += 1;
                     let Some(stream) = stream.as_mut() else {
                         return ControlFlow::Continue(());
                     };
                     let t = Instant::now();
                     let step = stream.push(code as i32);
-                    timings.codec += t.elapsed();
+                    out.timings.codec += t.elapsed();
                     match step {
-                        Ok(Some(samples)) => {
-                            samples_out += samples.len();
-                            let t = Instant::now();
-                            let bytes = pipeline.push(&samples);
-                            timings.encode += t.elapsed();
-                            match bytes {
-                                Ok(b) => {
-                                    if emit(b, &mut timings, sink) {
-                                        ControlFlow::Continue(())
-                                    } else {
-                                        ControlFlow::Break(())
-                                    }
+                        Ok(Some(mut samples)) => {
+                            if first_chunk {
+                                fade_edges(&mut samples, fade_in, 0);
+                                first_chunk = false;
+                            }
+                            match emit(&samples, &mut out, &mut pipeline, sink) {
+                                Ok(true) => ControlFlow::Continue(()),
+                                Ok(false) => {
+                                    stopped_by_sink = true;
+                                    ControlFlow::Break(())
                                 }
                                 Err(e) => {
-                                    failure = Some(e.into());
+                                    failure = Some(e);
                                     ControlFlow::Break(())
                                 }
                             }
@@ -395,13 +604,24 @@ impl Synthesizer {
                             ControlFlow::Break(())
                         }
                     }
-                },
-            )?;
+                })?;
             if let Some(e) = failure.take() {
                 return Err(e);
             }
+            out.timings.prefill += generation.prefill;
+            out.timings.decode += generation.decode;
+            out.prompt_tokens += generation.prompt_tokens;
+            if i == 0 {
+                out.seed = generation.seed;
+            }
+            out.stop = generation.stop;
+            out.codes.extend_from_slice(&generation.codes);
+            if generation.stop == StopReason::Cancelled || stopped_by_sink {
+                out.stop = StopReason::Cancelled;
+                break;
+            }
             let t = Instant::now();
-            let rest = match stream {
+            let mut rest = match stream {
                 Some(stream) => stream.finish().map_err(stream_error)?,
                 None => decode_whole(
                     |codes: &[i32]| decode_i32(&mut codec, codes),
@@ -409,31 +629,41 @@ impl Synthesizer {
                 )
                 .map_err(stream_error)?,
             };
-            timings.codec += t.elapsed();
-            if generation.stop != StopReason::Cancelled {
-                samples_out += rest.len();
-                let t = Instant::now();
-                let mut bytes = pipeline.push(&rest)?;
-                bytes.extend(pipeline.finish()?);
-                timings.encode += t.elapsed();
-                emit(bytes, &mut timings, sink);
+            out.timings.codec += t.elapsed();
+            fade_edges(&mut rest, if first_chunk { fade_in } else { 0 }, fade_out);
+            if !emit(&rest, &mut out, &mut pipeline, sink)? {
+                out.stop = StopReason::Cancelled;
+                break;
             }
-            generation
-        };
-        timings.prefill = generation.prefill;
-        timings.decode = generation.decode;
-        timings.total = t0.elapsed();
-        Ok(SynthesisReport {
-            prompt_tokens: generation.prompt_tokens,
-            seed: generation.seed,
-            stop: generation.stop,
-            samples: samples_out,
-            sample_rate: rate,
-            speed: req.output.speed,
-            bytes: bytes_out,
-            codes: generation.codes,
-            timings,
-        })
+        }
+        if out.stop != StopReason::Cancelled {
+            let t = Instant::now();
+            let bytes = pipeline.finish()?;
+            out.timings.encode += t.elapsed();
+            if !bytes.is_empty() {
+                if out.timings.first_audio.is_none() {
+                    out.timings.first_audio = Some(t0.elapsed());
+                }
+                out.bytes += bytes.len();
+                let _ = sink(SynthEvent::Audio(&bytes));
+            }
+        }
+        out.timings.front_end = timings.front_end;
+        out.timings.total = t0.elapsed();
+        Ok(out)
+    }
+}
+
+/// Linear fades over the first `fade_in` and last `fade_out` samples.
+fn fade_edges(samples: &mut [f32], fade_in: usize, fade_out: usize) {
+    let n = samples.len();
+    let fi = fade_in.min(n);
+    for (i, s) in samples.iter_mut().take(fi).enumerate() {
+        *s *= i as f32 / fi as f32;
+    }
+    let fo = fade_out.min(n);
+    for i in 0..fo {
+        samples[n - 1 - i] *= i as f32 / fo as f32;
     }
 }
 

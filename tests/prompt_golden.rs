@@ -15,9 +15,14 @@ use onebit_tts::voice::{ImportOptions, VoiceStore, import_path};
 fn package_with_shared_tokenizer(shared: &Path) -> std::path::PathBuf {
     let dir = common::tempdir("golden-pkg");
     common::copy_dir(&common::model("tiny"), &dir);
-    std::fs::copy(shared.join("fixtures/neutts-tokenizer/tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    std::fs::copy(
+        shared.join("fixtures/neutts-tokenizer/tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
     let p = dir.join("genai_config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     v["model"]["vocab_size"] = 217_652.into();
     std::fs::write(&p, v.to_string()).unwrap();
     dir
@@ -26,11 +31,15 @@ fn package_with_shared_tokenizer(shared: &Path) -> std::path::PathBuf {
 #[test]
 fn prompts_equal_the_vendor_template_output() {
     let Some(shared) = common::shared() else {
-        common::skip("prompts_equal_the_vendor_template_output", "../shared absent");
+        common::skip(
+            "prompts_equal_the_vendor_template_output",
+            "../shared absent",
+        );
         return;
     };
     let golden: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(shared.join("golden/prompts.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(shared.join("golden/prompts.json")).unwrap())
+            .unwrap();
     let voices_dir = common::tempdir("golden-voices");
     for name in ["dave", "jo", "greta", "juliette", "mateo"] {
         let lang = match name {
@@ -47,7 +56,9 @@ fn prompts_equal_the_vendor_template_output() {
             VoiceStore::save(&voices_dir, &v, true).unwrap();
         }
     }
-    let pkg = onebit_tts::package::ModelPackage::load(&package_with_shared_tokenizer(&shared), None).unwrap();
+    let pkg =
+        onebit_tts::package::ModelPackage::load(&package_with_shared_tokenizer(&shared), None)
+            .unwrap();
     let store = VoiceStore::open(&[voices_dir]).unwrap();
     let front = FrontEnd::new(pkg, store, 0);
     let cases = golden["cases"].as_array().unwrap();
@@ -66,8 +77,14 @@ fn prompts_equal_the_vendor_template_output() {
             input_format: Some(format),
             ..SpeechRequest::default()
         };
-        let (ids, _, _) = front.build_prompt(&req).unwrap();
-        assert_eq!(ids, want, "{} {} {:?}: {}", case["voice"], case["lang"], format, case["text"]);
+        let (pieces, _) = front.plan(&req, 4096, 50).unwrap();
+        assert_eq!(pieces.len(), 1);
+        let ids = &pieces[0].ids;
+        assert_eq!(
+            ids, &want,
+            "{} {} {:?}: {}",
+            case["voice"], case["lang"], format, case["text"]
+        );
         checked += 1;
     }
     assert_eq!(checked, cases.len());

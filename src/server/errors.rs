@@ -92,6 +92,9 @@ impl From<SynthError> for ApiError {
             SynthError::Voice(_) => ApiError::bad("voice", msg),
             SynthError::EmptyInput => ApiError::bad("input", msg).code("empty_input"),
             SynthError::InputTooLong { .. } => ApiError::bad("input", msg).code("input_too_long"),
+            SynthError::WordTooLong { .. } => {
+                ApiError::bad("input", msg).code("context_length_exceeded")
+            }
             SynthError::Text(crate::text::TextError::NothingSpeakable) => {
                 ApiError::bad("input", msg).code("nothing_speakable")
             }

@@ -67,7 +67,8 @@ mod tests {
     #[test]
     fn curly_quotes_become_straight() {
         assert_eq!(
-            normalize_bpe("\u{201c}Don\u{2019}t,\u{201d} she said, \u{2018}really\u{2019}.").unwrap(),
+            normalize_bpe("\u{201c}Don\u{2019}t,\u{201d} she said, \u{2018}really\u{2019}.")
+                .unwrap(),
             "\"Don't,\" she said, 'really'."
         );
         // Only those four: low-9 quotes and guillemets are not part of the vendor's map.
@@ -76,7 +77,10 @@ mod tests {
             "«Salut» „Hallo\" ‚ja'"
         );
         // The phoneme path keeps them, as the vendor does.
-        assert_eq!(normalize("\u{201c}Hi\u{201d}").unwrap(), "\u{201c}Hi\u{201d}");
+        assert_eq!(
+            normalize("\u{201c}Hi\u{201d}").unwrap(),
+            "\u{201c}Hi\u{201d}"
+        );
     }
 
     #[test]

@@ -1,0 +1,173 @@
+//! Long input: a 5,000-word text is cut into pieces that each fit the model's budget, synthesised
+//! in order into one continuous file.
+
+mod common;
+
+use std::ops::ControlFlow;
+
+use onebit_tts::audio::{AudioFormat, OutputSpec};
+use onebit_tts::engine::{CancelToken, GenerationParams, SamplingParams};
+use onebit_tts::synth::{
+    PIECE_PAUSE_S, SpeechRequest, SynthConfig, SynthError, SynthEvent, Synthesizer,
+};
+
+fn synth(max_chars: usize) -> Synthesizer {
+    Synthesizer::load(&SynthConfig {
+        package_dir: common::model("tiny"),
+        voice_dirs: vec![common::repo().join("voices")],
+        max_input_chars: max_chars,
+        ..SynthConfig::default()
+    })
+    .unwrap()
+}
+
+fn request(text: String) -> SpeechRequest {
+    SpeechRequest {
+        text,
+        voice: "test".into(),
+        generation: GenerationParams {
+            sampling: SamplingParams::greedy(),
+            ..GenerationParams::default()
+        },
+        output: OutputSpec {
+            format: AudioFormat::Wav,
+            ..OutputSpec::default()
+        },
+        ..SpeechRequest::default()
+    }
+}
+
+#[test]
+fn five_thousand_words_make_one_continuous_wav_in_order() {
+    let mut text = String::new();
+    let mut words = 0;
+    let mut i = 0;
+    while words < 5000 {
+        let s = format!(
+            "Sentence {i} tells the story of a quiet valley, where the river runs slowly past old stone houses. "
+        );
+        words += s.split_whitespace().count();
+        text.push_str(&s);
+        i += 1;
+    }
+    let s = synth(200_000);
+    let budget = s.package().genai.token_budget();
+    let mut pieces: Vec<String> = Vec::new();
+    let mut bytes = Vec::new();
+    let report = s
+        .synthesize(&request(text.clone()), &CancelToken::new(), &mut |ev| {
+            match ev {
+                SynthEvent::Piece {
+                    index,
+                    text,
+                    prompt_tokens,
+                    max_new_tokens,
+                    ..
+                } => {
+                    assert_eq!(index, pieces.len());
+                    assert!(
+                        prompt_tokens < budget,
+                        "piece {index}: prompt {prompt_tokens} of {budget}"
+                    );
+                    assert!(prompt_tokens + max_new_tokens <= budget, "piece {index}");
+                    // The piece must leave room for at least the codes it needs.
+                    assert!(
+                        max_new_tokens >= 120,
+                        "piece {index} leaves {max_new_tokens}"
+                    );
+                    pieces.push(text.to_owned());
+                }
+                SynthEvent::Audio(b) => bytes.extend_from_slice(b),
+                _ => {}
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert!(
+        pieces.len() > 3,
+        "a 5,000-word text needs several pieces, got {}",
+        pieces.len()
+    );
+    assert_eq!(report.pieces, pieces.len());
+    // Order preserved and nothing dropped: the pieces are the text, in order.
+    let joined = pieces.join(" ");
+    assert_eq!(
+        joined.split_whitespace().collect::<Vec<_>>(),
+        text.split_whitespace().collect::<Vec<_>>()
+    );
+    // One WAV: 480 samples per code plus one pause between pieces.
+    let wav = hound::WavReader::new(std::io::Cursor::new(&bytes)).unwrap();
+    let pause = (PIECE_PAUSE_S * 24_000.0) as usize;
+    assert_eq!(
+        wav.len() as usize,
+        report.codes.len() * 480 + pause * (pieces.len() - 1)
+    );
+    assert_eq!(
+        report.codes.len(),
+        120 * pieces.len(),
+        "every piece runs the chain to its end"
+    );
+    // No click where pieces meet: the samples around each pause are faded to silence.
+    let samples: Vec<i16> = wav.into_samples::<i16>().map(Result::unwrap).collect();
+    let mut at = 0;
+    for _ in 0..pieces.len() - 1 {
+        at += 120 * 480;
+        assert_eq!(samples[at - 1], 0, "fade-out ends at zero");
+        assert!(samples[at..at + pause].iter().all(|&x| x == 0));
+        at += pause;
+        assert_eq!(samples[at], 0, "fade-in starts at zero");
+    }
+}
+
+#[test]
+fn a_word_longer_than_the_budget_is_an_error_naming_the_limit() {
+    let s = synth(200_000);
+    let word = "a".repeat(6000);
+    let err = s
+        .synthesize(
+            &request(format!("Hello {word} there.")),
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .unwrap_err();
+    assert!(matches!(err, SynthError::WordTooLong { .. }), "{err}");
+    assert!(err.to_string().contains("budget is 4096 tokens"), "{err}");
+}
+
+#[test]
+fn input_over_the_character_limit_is_refused() {
+    let s = synth(100);
+    let err = s
+        .synthesize(
+            &request("word ".repeat(30)),
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the input has 150 characters; the limit is 100 (max_input_chars)"
+    );
+}
+
+#[test]
+fn unsupported_language_and_nothing_speakable_are_clear_errors() {
+    let s = synth(0);
+    let mut req = request("Hello.".into());
+    req.voice = "test".into();
+    let err = "xx-yy".parse::<onebit_tts::text::Language>().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("supported: en-us (or en), de, fr-fr (or fr), es"),
+        "{err}"
+    );
+    req.text = "?! ... —".into();
+    let err = s
+        .synthesize(
+            &req,
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("nothing speakable"), "{err}");
+}
