@@ -6,6 +6,7 @@
 //! [`synth::Synthesizer`] is the one path from text to audio that the CLI, server and benchmark use.
 
 pub mod audio;
+pub mod bench;
 pub mod codec;
 pub mod engine;
 pub mod metrics;

@@ -121,6 +121,13 @@ enum Cmd {
         #[command(flatten)]
         args: ServeArgs,
     },
+    /// Measure synthesis speed against the real-time line (50 codes/s).
+    Bench {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        args: BenchArgs,
+    },
     /// Check this machine for the NPU route's known blockers (PASS/WARN/FAIL per check).
     Doctor {
         #[arg(long)]
@@ -542,6 +549,7 @@ fn run(cli: Cli) -> Result<()> {
             text,
         } => say(&model, &generation, &out, &voice, &output, text, cli.quiet),
         Cmd::Serve { model, args } => serve(&model, &args),
+        Cmd::Bench { model, args } => bench(&model, &args, cli.quiet),
         Cmd::Doctor { json } => {
             use onebit_tts::npu::doctor::{self, DoctorInputs, RealHost};
             let report = doctor::run(&DoctorInputs::from_process(), &RealHost::default());
@@ -677,6 +685,229 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+#[derive(Args, Clone)]
+struct BenchArgs {
+    /// Runs per case (median ± half-range are reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Voices to run (repeatable; default: the first voice, or `test`).
+    #[arg(long = "voice")]
+    voices: Vec<String>,
+    /// Print the report as JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG: codes/s over the run against the 50/s line, and stage shares.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Measure the backbone alone: prefill and decode speed at fixed prompt lengths.
+    #[arg(long)]
+    engine_only: bool,
+    /// Prompt lengths for --engine-only.
+    #[arg(long, value_delimiter = ',', default_value = "128,512,2048")]
+    prompt_lens: Vec<usize>,
+    /// Codes generated per --engine-only run.
+    #[arg(long, default_value_t = 128)]
+    new_tokens: usize,
+    /// With --engine-only: run onnxruntime-genai's own loop on the same prompts in the same run.
+    #[arg(long)]
+    peers: bool,
+    /// Sampling temperature of the synthesis runs (vendor default 1.0; 0 is greedy).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+}
+
+fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
+    use onebit_tts::bench;
+    let cfg = synth_config(model);
+    let bar = progress_bar(
+        quiet,
+        0,
+        "{spinner} {msg} [{pos}/{len}] [{elapsed_precise}]",
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let mut progress = |msg: &str, done: usize, total: usize| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(msg.to_owned());
+    };
+    if args.engine_only {
+        let front = FrontEnd::load(&cfg)?;
+        let pkg = front.package();
+        let mut engine = onebit_tts::synth::load_engine(&cfg, pkg)?;
+        let candidates = onebit_tts::engine::Candidates {
+            speech_first: pkg.vocab.first,
+            speech_count: onebit_tts::package::SPEECH_CODES,
+            stop_ids: pkg.stop_ids.clone(),
+        };
+        let text_ids: Vec<u32> = pkg
+            .tokenizer
+            .encode("user: Convert the text to speech: ðə kwˈɪk bɹˈaʊn fˈɑːks dʒˈʌmps ˌoʊvɚ ðə lˈeɪzi dˈɑːɡ.", false)
+            .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?
+            .get_ids()
+            .to_vec();
+        let budget = pkg.genai.token_budget();
+        let lens: Vec<usize> = args
+            .prompt_lens
+            .iter()
+            .copied()
+            .filter(|&n| n + args.new_tokens <= budget)
+            .collect();
+        let ours = bench::engine_only(
+            engine.as_mut(),
+            &candidates,
+            &text_ids,
+            &lens,
+            args.new_tokens,
+            args.runs,
+            &mut progress,
+        )?;
+        let peers = if args.peers {
+            bar.set_message("onnxruntime-genai (peer) on the same prompts");
+            Some(oga_peer(
+                &pkg.dir,
+                &candidates,
+                &text_ids,
+                &lens,
+                args.new_tokens,
+                args.runs,
+            )?)
+        } else {
+            None
+        };
+        bar.finish_and_clear();
+        let rss = bench::peak_rss_mb();
+        let files = bench::files_mb(&pkg.dir);
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({"engine": engine.describe(), "machine": bench::machine(), "ours": ours,
+                    "onnxruntime_genai": peers, "peak_rss_mb": rss, "model_files_mb": files})
+            );
+            return Ok(());
+        }
+        println!(
+            "engine {}\nmachine {}\n",
+            engine.describe(),
+            bench::machine()
+        );
+        println!(
+            "{:>7} {:>18} {:>18} {:>20} {:>20} {:>9} {:>9}",
+            "prompt",
+            "prefill ms",
+            "prefill tok/s",
+            "decode codes/s",
+            "oga decode tok/s",
+            "decode x",
+            "prefill x"
+        );
+        for (i, r) in ours.iter().enumerate() {
+            let (oga_dec, ratio_dec, ratio_pre) = match &peers {
+                Some(p) => (
+                    format!("{:.1}", p[i].1.median),
+                    format!("{:.2}", r.decode_codes_per_s.median / p[i].1.median),
+                    format!("{:.2}", p[i].0.median / r.prefill_ms.median),
+                ),
+                None => ("-".into(), "-".into(), "-".into()),
+            };
+            println!(
+                "{:>7} {:>18.1} {:>18.0} {:>20.1} {:>20} {:>9} {:>9}",
+                r.prompt_tokens,
+                r.prefill_ms,
+                r.prefill_tok_per_s,
+                r.decode_codes_per_s,
+                oga_dec,
+                ratio_dec,
+                ratio_pre
+            );
+        }
+        println!(
+            "\npeak RSS {rss:.0} MiB (this process; the peer runs in its own); model files {files:.0} MiB; {} new codes per run, median ± half-range of {} runs",
+            args.new_tokens, args.runs
+        );
+        return Ok(());
+    }
+    let synth = Synthesizer::load(&cfg)?;
+    let voices = if args.voices.is_empty() {
+        let names = synth.voices().names();
+        vec![if names.iter().any(|n| n == "test") {
+            "test".to_owned()
+        } else {
+            names.first().cloned().unwrap_or_else(|| "test".into())
+        }]
+    } else {
+        args.voices.clone()
+    };
+    let sampling = onebit_tts::engine::SamplingParams {
+        temperature: args.temperature,
+        ..Default::default()
+    };
+    let report = bench::run(&synth, &voices, args.runs, sampling, &mut progress)?;
+    bar.finish_and_clear();
+    if let Some(p) = &args.plot {
+        std::fs::write(p, bench::svg::render(&report))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+/// onnxruntime-genai's own loop on the same prompts: (prefill ms, decode tok/s) per prompt length.
+fn oga_peer(
+    model: &Path,
+    c: &onebit_tts::engine::Candidates,
+    text_ids: &[u32],
+    lens: &[usize],
+    new_tokens: usize,
+    runs: usize,
+) -> Result<Vec<(onebit_tts::bench::Stat, onebit_tts::bench::Stat)>> {
+    use std::io::Write as _;
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .map(|&n| onebit_tts::bench::synthetic_prompt(c, text_ids, n))
+        .collect();
+    let py = onebit_tts::paths::in_homes("venv/bin/python")
+        .into_iter()
+        .find(|p| p.exists())
+        .context("the peer needs .onebit/venv (scripts/setup.sh)")?;
+    let script = resolve_dir(Path::new("benches/peers/oga_bench.py"));
+    let mut child = std::process::Command::new(py)
+        .arg(&script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("starting the onnxruntime-genai peer")?;
+    let req = serde_json::json!({"model": model, "prompts": prompts, "new_tokens": new_tokens, "runs": runs});
+    child
+        .stdin
+        .take()
+        .context("peer stdin")?
+        .write_all(req.to_string().as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("the onnxruntime-genai peer failed ({})", out.status);
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let mut res = Vec::new();
+    for r in v["results"].as_array().context("peer output")? {
+        let f = |k: &str| -> Vec<f64> {
+            r[k].as_array()
+                .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+                .unwrap_or_default()
+        };
+        res.push((
+            onebit_tts::bench::Stat::of(
+                &f("prefill_s").iter().map(|s| s * 1e3).collect::<Vec<_>>(),
+            ),
+            onebit_tts::bench::Stat::of(&f("decode_tok_per_s")),
+        ));
+    }
+    Ok(res)
 }
 
 /// An error already reported on stdout (doctor's FAIL lines): exit 1 without an extra line.

@@ -115,7 +115,7 @@ fn init(explicit: Option<&Path>) -> Result<&'static Loaded, RuntimeError> {
         match ort::init_from(&path) {
             Ok(builder) => match builder.with_name("onebit-tts").build() {
                 Ok(env) => {
-                    let version = ort_version();
+                    let version = lib_version(&path).unwrap_or_else(|| "unknown".into());
                     tracing::info!(path = %path.display(), source, %version, "ONNX Runtime loaded");
                     Some(Loaded {
                         env,
@@ -156,12 +156,23 @@ fn init(explicit: Option<&Path>) -> Result<&'static Loaded, RuntimeError> {
     Ok(RUNTIME.get_or_init(|| loaded))
 }
 
-fn ort_version() -> String {
-    // The build info string starts with "ORT Build Info: git-branch=rel-1.31.1, ..."; the branch
-    // carries the version, which is what users compare.
-    let info = ort::info();
-    info.split(|c: char| c == ',' || c.is_whitespace())
-        .find_map(|part| part.strip_prefix("git-branch=rel-"))
-        .map(str::to_owned)
-        .unwrap_or_else(|| info.to_owned())
+/// The library's own version string (`OrtGetApiBase()->GetVersionString()`, e.g. "1.31.1").
+fn lib_version(path: &Path) -> Option<String> {
+    // SAFETY: the library is already loaded by ort from this path; opening it again only takes
+    // another reference, and the two calls below are ONNX Runtime's documented, side-effect-free
+    // version query.
+    unsafe {
+        let lib = libloading::Library::new(path).ok()?;
+        let get: libloading::Symbol<unsafe extern "C" fn() -> *const ort::sys::OrtApiBase> =
+            lib.get(b"OrtGetApiBase").ok()?;
+        let base = get();
+        if base.is_null() {
+            return None;
+        }
+        let v = ((*base).GetVersionString)();
+        if v.is_null() {
+            return None;
+        }
+        Some(std::ffi::CStr::from_ptr(v).to_string_lossy().into_owned())
+    }
 }
