@@ -15,9 +15,24 @@ use onebit_tts::engine::{
 };
 use onebit_tts::package::{ModelPackage, SPEECH_CODES};
 
-/// A copy of a generated package with `search.past_present_share_buffer` (and optionally other
-/// genai_config fields) set; the package itself stays untouched.
-fn package_copy(name: &str, tag: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+/// A copy of a generated package with edited genai_config.json fields, removed when dropped; the
+/// package itself stays untouched.
+struct PackageCopy(PathBuf);
+
+impl std::ops::Deref for PackageCopy {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for PackageCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn package_copy(name: &str, tag: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PackageCopy {
     let dir = common::tempdir(&format!("oga-{name}-{tag}"));
     common::copy_dir(&common::model(name), &dir);
     let path = dir.join("genai_config.json");
@@ -25,10 +40,10 @@ fn package_copy(name: &str, tag: &str, edit: impl FnOnce(&mut serde_json::Value)
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     edit(&mut cfg);
     std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
-    dir
+    PackageCopy(dir)
 }
 
-fn with_share(name: &str, share: bool) -> PathBuf {
+fn with_share(name: &str, share: bool) -> PackageCopy {
     package_copy(name, &format!("share{share}"), |c| {
         c["search"]["past_present_share_buffer"] = share.into();
     })
