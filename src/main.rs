@@ -11,7 +11,9 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use onebit_tts::audio::{AudioFormat, OutputSpec};
-use onebit_tts::engine::{CancelToken, GenerationParams, KvMode, OrtOptions, SamplingParams};
+use onebit_tts::engine::{
+    CancelToken, GenerationParams, KvMode, OgaOptions, OrtOptions, SamplingParams,
+};
 use onebit_tts::metrics;
 use onebit_tts::package::ModelPackage;
 use onebit_tts::prompt::InputFormat;
@@ -59,6 +61,10 @@ struct ModelArgs {
     /// Generation loop: ort (ours, in-process ONNX Runtime) or oga (onnxruntime-genai).
     #[arg(long, env = "ONEBIT_ENGINE", default_value = "ort")]
     engine: EngineKind,
+    /// Path of libonnxruntime-genai.so for --engine oga (else the RyzenAI venv, .onebit/oga/lib,
+    /// python3's onnxruntime_genai).
+    #[arg(long, env = "ONEBIT_OGA_LIB")]
+    oga_lib: Option<PathBuf>,
 }
 
 fn parse_kv(s: &str) -> Result<KvMode, String> {
@@ -268,6 +274,10 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
         codec_threads: m.threads,
         max_input_chars: 0,
         engine: m.engine,
+        oga: OgaOptions {
+            lib: m.oga_lib.clone(),
+            ..OgaOptions::default()
+        },
     }
 }
 

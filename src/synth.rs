@@ -10,8 +10,8 @@ use crate::audio::{OutputPipeline, OutputSpec};
 use crate::codec::stream::{StreamDecoder, StreamError, decode_whole};
 use crate::codec::{CodecDecoder, CodecError};
 use crate::engine::{
-    self, CancelToken, Candidates, Engine, EngineError, GenerationParams, LocalEngine, OrtOptions,
-    StopReason,
+    self, CancelToken, Candidates, Engine, EngineError, GenerationParams, LocalEngine, OgaOptions,
+    OrtOptions, StopReason,
 };
 use crate::metrics::StageTimings;
 use crate::package::{ModelPackage, SPEECH_CODES};
@@ -65,6 +65,8 @@ pub struct SynthConfig {
     pub max_input_chars: usize,
     /// Which generation loop runs the backbone.
     pub engine: EngineKind,
+    /// The oga engine's library and settings; its threads and KV mode default to `ort`'s.
+    pub oga: OgaOptions,
 }
 
 /// The backbone's generation loop: our own over ONNX Runtime (default), or onnxruntime-genai's.
@@ -94,9 +96,14 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
             let backbone = engine::OrtBackbone::load(env, pkg, &cfg.ort)?;
             Ok(Box::new(LocalEngine(Box::new(backbone))))
         }
-        EngineKind::Oga => Err(crate::Error::Engine(EngineError::Params(
-            "the oga engine is not built yet".into(),
-        ))),
+        EngineKind::Oga => {
+            let mut opts = cfg.oga.clone();
+            opts.ort_lib = opts.ort_lib.or_else(|| cfg.ort_lib.clone());
+            opts.intra_threads = opts.intra_threads.or(cfg.ort.intra_threads);
+            opts.kv_mode = opts.kv_mode.or(cfg.ort.kv_mode);
+            let backbone = engine::OgaBackbone::load(pkg, &opts)?;
+            Ok(Box::new(LocalEngine(Box::new(backbone))))
+        }
     }
 }
 

@@ -1,10 +1,11 @@
 //! The backbone: prompt ids in, speech codes out.
 //!
 //! A [`Backbone`] is anything that turns tokens into next-token logits while keeping its own KV
-//! state (the in-process ONNX Runtime session today). [`generate`] is the one generation loop over any
+//! state (the in-process ONNX Runtime session, or onnxruntime-genai's generator). [`generate`] is the one generation loop over any
 //! backbone: budget check, min/max new tokens, speech-constrained sampling, stop ids, cancellation
 //! and the per-code callback all live here once.
 
+pub mod oga;
 pub mod ort_engine;
 pub mod sampler;
 
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+pub use oga::{OgaBackbone, OgaLoadError, OgaOptions, OgaStep};
 pub use ort_engine::{KvMode, OrtBackbone, OrtOptions};
 pub use sampler::{Candidates, SampleError, Sampler, SamplingParams};
 
@@ -35,6 +37,11 @@ pub enum EngineError {
     Sample(#[from] SampleError),
     #[error("invalid generation settings: {0}")]
     Params(String),
+    /// A call into onnxruntime-genai failed; `message` is OGA's own error text.
+    #[error("onnxruntime-genai {call}: {message}")]
+    Oga { call: &'static str, message: String },
+    #[error(transparent)]
+    OgaLoad(#[from] OgaLoadError),
 }
 
 impl From<ort::Error<ort::session::builder::SessionBuilder>> for EngineError {
