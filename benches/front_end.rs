@@ -67,10 +67,12 @@ const SENTENCES: &[(Language, &str)] = &[
 ];
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(50);
+    // `cargo bench` passes `--bench`; a number sets the rounds; plain `cargo test` runs it briefly.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rounds: usize = args
+        .iter()
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(if args.iter().any(|a| a == "--bench") { 50 } else { 1 });
     let p = match Phonemizer::discover() {
         Ok(p) => p,
         Err(e) => {
@@ -134,6 +136,49 @@ fn main() {
     report("grouped", &mut grouped);
     report("interleaved", &mut interleaved);
     std::hint::black_box(sink);
+    whole_front_end(rounds);
+}
+
+/// The whole front end of a request as the Synthesizer runs it: normalise + phonemise (text and
+/// the voice's transcript) + tokenise + splice, on the English sentences, with the tiny test
+/// package's tokenizer (or the real-layout NeuTTS tokenizer from ../shared when present).
+fn whole_front_end(rounds: usize) {
+    use onebit_tts::synth::{FrontEnd, SpeechRequest};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let Ok(pkg) = onebit_tts::package::ModelPackage::load(&root.join("models/tiny"), None) else {
+        println!("whole front end: skipped (models/tiny missing: scripts/gen-test-models.sh)");
+        return;
+    };
+    let mut pkg = pkg;
+    let shared_tok = root.join("../shared/fixtures/neutts-tokenizer/tokenizer.json");
+    let tok_name = if let Ok(t) = tokenizers::Tokenizer::from_file(&shared_tok) {
+        pkg.tokenizer = t;
+        pkg.vocab = onebit_tts::package::SpeechVocab::from_tokenizer(&pkg.tokenizer).expect("vocab");
+        "NeuTTS tokenizer (217,207 tokens)"
+    } else {
+        "tiny test tokenizer"
+    };
+    let Ok(voices) = onebit_tts::voice::VoiceStore::open(&[root.join("voices")]) else {
+        return;
+    };
+    let front = FrontEnd::new(pkg, voices, 0);
+    let mut us = Vec::new();
+    for _ in 0..rounds.max(1) {
+        for &(lang, text) in SENTENCES.iter().filter(|(l, _)| *l == Language::EnUs) {
+            let req = SpeechRequest {
+                text: text.to_owned(),
+                voice: "test".into(),
+                language: Some(lang),
+                ..SpeechRequest::default()
+            };
+            let t = Instant::now();
+            let (pieces, _) = front.plan(&req, 4096, 50).expect("plan");
+            us.push(t.elapsed().as_secs_f64() * 1e6);
+            std::hint::black_box(pieces);
+        }
+    }
+    println!("whole front end per request ({tok_name}; text + voice transcript):");
+    report("en-us", &mut us);
 }
 
 fn report(name: &str, us: &mut [f64]) {
