@@ -1,6 +1,7 @@
 //! The one path from text to audio. The CLI `say`, the server and `bench` all call
 //! [`Synthesizer::synthesize`]; each stage's timing is reported through [`StageTimings`].
 
+use std::cell::Cell;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -9,11 +10,13 @@ use std::time::Instant;
 use crate::audio::{OutputPipeline, OutputSpec};
 use crate::codec::stream::{StreamDecoder, StreamError, decode_whole};
 use crate::codec::{CodecDecoder, CodecError};
+use crate::engine::device::{self, Device, DeviceChoice};
 use crate::engine::{
     self, CancelToken, Candidates, Engine, EngineError, GenerationParams, LocalEngine, OrtOptions,
-    StopReason,
+    StopReason, WorkerConfig, WorkerEngine, WorkerHandle,
 };
 use crate::metrics::StageTimings;
+use crate::npu::Residency;
 use crate::package::{ModelPackage, SPEECH_CODES};
 use crate::prompt::{self, InputFormat, PromptError, PromptInput};
 use crate::text::{self, Language, Phonemizer, TextError};
@@ -57,6 +60,16 @@ pub struct SynthConfig {
     pub max_input_chars: usize,
     /// Which generation loop runs the backbone.
     pub engine: EngineKind,
+    /// Where the backbone runs (`--device`); `ort.device` is replaced by what this resolves to.
+    pub device: DeviceChoice,
+    /// Run the backbone in a worker child whatever the device (the NPU always is).
+    pub isolate: bool,
+    /// Refuse to start unless the backbone is proven resident on the NPU.
+    pub require_npu: bool,
+    /// Let the parent SIGKILL a worker that outlives the stop grace (never one holding the NPU).
+    pub allow_kill: bool,
+    /// The program started as `<exe> worker`; `None`: this executable.
+    pub worker_exe: Option<PathBuf>,
 }
 
 /// The backbone's generation loop: our own over ONNX Runtime (default), or onnxruntime-genai's.
@@ -78,18 +91,67 @@ impl std::str::FromStr for EngineKind {
     }
 }
 
-/// Loads the engine a config asks for over a loaded package.
+/// Loads the engine a config asks for over a loaded package: resolves `--device`, then runs the
+/// backbone in this process (cpu, cuda) or in a worker child (npu, or any device with
+/// `isolate`). With `require_npu`, anything but a proven NPU residency is an error.
 pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engine>, crate::Error> {
-    match cfg.engine {
-        EngineKind::Ort => {
-            let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
-            let backbone = engine::OrtBackbone::load(env, pkg, &cfg.ort)?;
-            Ok(Box::new(LocalEngine(Box::new(backbone))))
-        }
-        EngineKind::Oga => Err(crate::Error::Engine(EngineError::Params(
+    if cfg.engine == EngineKind::Oga {
+        return Err(crate::Error::Engine(EngineError::Params(
             "the oga engine is not built yet".into(),
-        ))),
+        )));
     }
+    let declared = pkg.genai.model.decoder.session_options.declares_ryzenai();
+    let root = std::env::var_os(crate::npu::env::RYZENAI_ROOT_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let decision = device::resolve(cfg.device, declared, root.as_deref());
+    tracing::info!("device: {} ({})", decision.device, decision.why);
+    if cfg.require_npu && decision.device != Device::Npu {
+        return Err(EngineError::Device(format!(
+            "--require-npu: the backbone would run on {} ({}); refusing to fall back",
+            decision.device, decision.why
+        ))
+        .into());
+    }
+    if decision.device == Device::Npu && !declared {
+        tracing::warn!(
+            "--device npu: {} declares no RyzenAI provider in genai_config.json, so the worker \
+             gets no NPU environment; this is not an NPU package",
+            pkg.dir.display()
+        );
+    }
+    let ort = OrtOptions {
+        device: decision.device,
+        ..cfg.ort.clone()
+    };
+    if decision.device == Device::Npu || cfg.isolate {
+        let mut wcfg = WorkerConfig::from_process(
+            pkg.dir.clone(),
+            cfg.ort_lib.clone(),
+            ort,
+            declared,
+            cfg.worker_exe.clone(),
+        )?;
+        wcfg.allow_kill = cfg.allow_kill;
+        let mut worker = WorkerEngine::new(wcfg);
+        worker.start()?;
+        if cfg.require_npu {
+            match worker.handle().residency() {
+                Some(Residency::Proven) => {}
+                Some(r) => return Err(EngineError::Device(format!("--require-npu: {r}")).into()),
+                None => {
+                    return Err(EngineError::Device(
+                        "--require-npu: no residency proof was made".into(),
+                    )
+                    .into());
+                }
+            }
+        }
+        return Ok(Box::new(worker));
+    }
+    let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
+    let backbone = engine::OrtBackbone::load(env, pkg, &ort)?;
+    Ok(Box::new(LocalEngine(Box::new(backbone))))
 }
 
 /// One request.
@@ -248,6 +310,9 @@ pub struct Synthesizer {
     engine: Mutex<Box<dyn Engine>>,
     codec: Mutex<CodecDecoder>,
     candidates: Candidates,
+    device: Device,
+    /// The engine's worker child, readable without the engine lock (for /health).
+    worker: Option<WorkerHandle>,
 }
 
 impl Synthesizer {
@@ -267,12 +332,31 @@ impl Synthesizer {
             speech_count: SPEECH_CODES,
             stop_ids: pkg.stop_ids.clone(),
         };
+        let device = engine.device();
+        let worker = engine.worker();
         Self {
             front,
             engine: Mutex::new(engine),
             codec: Mutex::new(codec),
             candidates,
+            device,
+            worker,
         }
+    }
+
+    /// Where the backbone runs.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The worker child behind the engine, if it runs in one.
+    pub fn worker(&self) -> Option<&WorkerHandle> {
+        self.worker.as_ref()
+    }
+
+    /// The NPU residency proof of the worker's latest load (`None` off the NPU).
+    pub fn residency(&self) -> Option<Residency> {
+        self.worker.as_ref().and_then(WorkerHandle::residency)
     }
 
     pub fn front_end(&self) -> &FrontEnd {
@@ -329,22 +413,23 @@ impl Synthesizer {
 
         let mut codec = self.codec.lock().map_err(|_| SynthError::Poisoned)?;
         let mut samples_out = 0usize;
-        let mut bytes_out = 0usize;
+        // Cells: read by the retry decision while the code callback holds them.
+        let bytes_out = Cell::new(0usize);
+        let index = Cell::new(0usize);
         let mut failure: Option<SynthError> = None;
         // Hands encoded bytes to the sink; false when the caller wants to stop.
-        let mut emit =
-            |bytes: Vec<u8>,
-             timings: &mut StageTimings,
-             sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>| {
-                if bytes.is_empty() {
-                    return true;
-                }
-                if timings.first_audio.is_none() {
-                    timings.first_audio = Some(t0.elapsed());
-                }
-                bytes_out += bytes.len();
-                sink(SynthEvent::Audio(&bytes)).is_continue()
-            };
+        let emit = |bytes: Vec<u8>,
+                    timings: &mut StageTimings,
+                    sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>| {
+            if bytes.is_empty() {
+                return true;
+            }
+            if timings.first_audio.is_none() {
+                timings.first_audio = Some(t0.elapsed());
+            }
+            bytes_out.set(bytes_out.get() + bytes.len());
+            sink(SynthEvent::Audio(&bytes)).is_continue()
+        };
 
         let generation = {
             let mut engine = self.engine.lock().map_err(|_| SynthError::Poisoned)?;
@@ -352,51 +437,82 @@ impl Synthesizer {
             let mut stream = req.output.streaming.then(|| {
                 StreamDecoder::new(|codes: &[i32]| decode_i32(&mut codec, codes), &reference)
             });
-            let mut index = 0;
-            let generation = engine.generate(
-                &self.candidates,
-                &ids,
-                &req.generation,
-                cancel,
-                &mut |code| {
-                    if sink(SynthEvent::Code { index, code }).is_break() {
-                        return ControlFlow::Break(());
-                    }
-                    index += 1;
-                    let Some(stream) = stream.as_mut() else {
-                        return ControlFlow::Continue(());
-                    };
-                    let t = Instant::now();
-                    let step = stream.push(code as i32);
-                    timings.codec += t.elapsed();
-                    match step {
-                        Ok(Some(samples)) => {
-                            samples_out += samples.len();
-                            let t = Instant::now();
-                            let bytes = pipeline.push(&samples);
-                            timings.encode += t.elapsed();
-                            match bytes {
-                                Ok(b) => {
-                                    if emit(b, &mut timings, sink) {
-                                        ControlFlow::Continue(())
-                                    } else {
-                                        ControlFlow::Break(())
-                                    }
-                                }
-                                Err(e) => {
-                                    failure = Some(e.into());
+            let mut on_code = |code| {
+                let i = index.get();
+                if sink(SynthEvent::Code { index: i, code }).is_break() {
+                    return ControlFlow::Break(());
+                }
+                index.set(i + 1);
+                let Some(stream) = stream.as_mut() else {
+                    return ControlFlow::Continue(());
+                };
+                let t = Instant::now();
+                let step = stream.push(code as i32);
+                timings.codec += t.elapsed();
+                match step {
+                    Ok(Some(samples)) => {
+                        samples_out += samples.len();
+                        let t = Instant::now();
+                        let bytes = pipeline.push(&samples);
+                        timings.encode += t.elapsed();
+                        match bytes {
+                            Ok(b) => {
+                                if emit(b, &mut timings, sink) {
+                                    ControlFlow::Continue(())
+                                } else {
                                     ControlFlow::Break(())
                                 }
                             }
-                        }
-                        Ok(None) => ControlFlow::Continue(()),
-                        Err(e) => {
-                            failure = Some(stream_error(e));
-                            ControlFlow::Break(())
+                            Err(e) => {
+                                failure = Some(e.into());
+                                ControlFlow::Break(())
+                            }
                         }
                     }
-                },
-            )?;
+                    Ok(None) => ControlFlow::Continue(()),
+                    Err(e) => {
+                        failure = Some(stream_error(e));
+                        ControlFlow::Break(())
+                    }
+                }
+            };
+            // One retry, after the engine's delay, for a failure the engine says a retry may cure
+            // (the NPU's one-off first-dispatch timeout, a worker that died) — and only for a
+            // whole-file request: a stream is never retried, and no audio may have gone out.
+            // The sink then sees the codes again from index 0.
+            let mut retried = false;
+            let generation = loop {
+                let err = match engine.generate(
+                    &self.candidates,
+                    &ids,
+                    &req.generation,
+                    cancel,
+                    &mut on_code,
+                ) {
+                    Ok(g) => break g,
+                    Err(e) => e,
+                };
+                let delay = if retried
+                    || req.output.streaming
+                    || bytes_out.get() > 0
+                    || cancel.is_cancelled()
+                {
+                    None
+                } else {
+                    engine.retry_delay(&err)
+                };
+                let Some(delay) = delay else {
+                    return Err(err.into());
+                };
+                tracing::warn!(
+                    "{} request failed: {err}; retrying it once in {:.1} s (not streamed, no audio sent yet)",
+                    engine.device(),
+                    delay.as_secs_f64()
+                );
+                std::thread::sleep(delay);
+                retried = true;
+                index.set(0);
+            };
             if let Some(e) = failure.take() {
                 return Err(e);
             }
@@ -430,7 +546,7 @@ impl Synthesizer {
             samples: samples_out,
             sample_rate: rate,
             speed: req.output.speed,
-            bytes: bytes_out,
+            bytes: bytes_out.get(),
             codes: generation.codes,
             timings,
         })
