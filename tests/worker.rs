@@ -293,7 +293,13 @@ fn a_worker_that_exits_on_its_own_is_reaped_at_once() {
     assert_eq!(ending, Ending::Exit(0));
     assert_eq!(proc_state(pid), None, "reaped: no zombie left");
     assert_eq!(h.pid(), None);
-    assert!(h.log_tail().contains("model session released"));
+    // The model went before main returned.
+    assert!(h.wait_log_closed(pid, Duration::from_secs(10)));
+    let log = h.log_tail();
+    let released = log.find("model session released").expect("released");
+    let exiting = log.find("worker exiting").expect("exiting");
+    assert!(released < exiting, "{log}");
+    assert!(log.contains("SIGTERM: cancelling"), "{log}");
     // Stop is a no-op now, not a 30 s grace.
     let t0 = Instant::now();
     let outcome = w.shutdown().expect("known worker");

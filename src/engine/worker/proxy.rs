@@ -108,6 +108,8 @@ struct State {
     endings: Vec<(u32, Ending)>,
     left_running: Vec<u32>,
     log_tail: String,
+    /// Workers whose stderr reached its end (every line of theirs is in `log_tail`).
+    log_closed: Vec<u32>,
 }
 
 impl WorkerHandle {
@@ -178,6 +180,33 @@ impl WorkerHandle {
     /// The last lines the worker logged (at most 16 KB).
     pub fn log_tail(&self) -> String {
         self.lock().log_tail.clone()
+    }
+
+    /// Waits up to `timeout` until worker `pid`'s stderr has ended, so that its last lines are
+    /// in [`WorkerHandle::log_tail`]. False on timeout.
+    pub fn wait_log_closed(&self, pid: u32, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            if st.log_closed.contains(&pid) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .0
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn log_closed(&self, pid: u32) {
+        self.lock().log_closed.push(pid);
+        self.0.changed.notify_all();
     }
 
     fn record_ending(&self, pid: u32, ending: Ending) {
@@ -437,6 +466,10 @@ impl WorkerEngine {
             }
             Err((e, closed)) => {
                 let outcome = self.retire(live, !closed);
+                // Its last words explain most start-up failures; they may still be in the pipe.
+                if closed {
+                    self.handle.wait_log_closed(pid, Duration::from_secs(1));
+                }
                 let e = match (closed, outcome.and_then(|o| o.ending())) {
                     (true, Some(ending)) => EngineError::Worker(format!(
                         "{e} ({ending}); last worker log lines:\n{}",
@@ -686,7 +719,10 @@ fn forward_stderr(stderr: ChildStderr, pid: u32, handle: WorkerHandle) {
             loop {
                 buf.clear();
                 match r.read_until(b'\n', &mut buf) {
-                    Ok(0) | Err(_) => return,
+                    Ok(0) | Err(_) => {
+                        handle.log_closed(pid);
+                        return;
+                    }
                     Ok(_) => {}
                 }
                 let line = String::from_utf8_lossy(&buf);
