@@ -69,10 +69,13 @@ const SENTENCES: &[(Language, &str)] = &[
 fn main() {
     // `cargo bench` passes `--bench`; a number sets the rounds; plain `cargo test` runs it briefly.
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let rounds: usize = args
-        .iter()
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(if args.iter().any(|a| a == "--bench") { 50 } else { 1 });
+    let rounds: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(
+        if args.iter().any(|a| a == "--bench") {
+            50
+        } else {
+            1
+        },
+    );
     let p = match Phonemizer::discover() {
         Ok(p) => p,
         Err(e) => {
@@ -153,7 +156,8 @@ fn whole_front_end(rounds: usize) {
     let shared_tok = root.join("../shared/fixtures/neutts-tokenizer/tokenizer.json");
     let tok_name = if let Ok(t) = tokenizers::Tokenizer::from_file(&shared_tok) {
         pkg.tokenizer = t;
-        pkg.vocab = onebit_tts::package::SpeechVocab::from_tokenizer(&pkg.tokenizer).expect("vocab");
+        pkg.vocab =
+            onebit_tts::package::SpeechVocab::from_tokenizer(&pkg.tokenizer).expect("vocab");
         "NeuTTS tokenizer (217,207 tokens)"
     } else {
         "tiny test tokenizer"

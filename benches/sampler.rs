@@ -30,16 +30,38 @@ fn main() {
     let iters = if full { 2000 } else { 16 };
     for (name, params) in [
         ("greedy", SamplingParams::greedy()),
-        ("top-k 50, T 1.0", SamplingParams { seed: Some(1), ..SamplingParams::default() }),
-        ("top-k 50, top-p 0.9", SamplingParams { top_p: 0.9, seed: Some(1), ..SamplingParams::default() }),
-        ("no top-k (all 65,539)", SamplingParams { top_k: 0, seed: Some(1), ..SamplingParams::default() }),
+        (
+            "top-k 50, T 1.0",
+            SamplingParams {
+                seed: Some(1),
+                ..SamplingParams::default()
+            },
+        ),
+        (
+            "top-k 50, top-p 0.9",
+            SamplingParams {
+                top_p: 0.9,
+                seed: Some(1),
+                ..SamplingParams::default()
+            },
+        ),
+        (
+            "no top-k (all 65,539)",
+            SamplingParams {
+                top_k: 0,
+                seed: Some(1),
+                ..SamplingParams::default()
+            },
+        ),
     ] {
         let mut s = Sampler::new(params, c.clone());
         let mut times = Vec::with_capacity(iters);
         let mut sink = 0u64;
         for i in 0..iters {
             let t = Instant::now();
-            sink = sink.wrapping_add(u64::from(s.sample(&rows[i % rows.len()], i > 10).expect("sample")));
+            sink = sink.wrapping_add(u64::from(
+                s.sample(&rows[i % rows.len()], i > 10).expect("sample"),
+            ));
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
         times.sort_by(f64::total_cmp);

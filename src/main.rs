@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use onebit_tts::audio::{AudioFormat, OutputSpec};
 use onebit_tts::engine::{
-    CancelToken, GenerationParams, KvMode, OgaOptions, OrtOptions, SamplingParams,
+    CancelToken, DeviceChoice, GenerationParams, KvMode, OgaOptions, OrtOptions, SamplingParams,
 };
 use onebit_tts::metrics;
 use onebit_tts::package::ModelPackage;
@@ -65,6 +65,20 @@ struct ModelArgs {
     /// python3's onnxruntime_genai).
     #[arg(long, env = "ONEBIT_OGA_LIB")]
     oga_lib: Option<PathBuf>,
+    /// Where the backbone runs: auto (npu when genai_config.json declares RyzenAI and
+    /// ONEBIT_RYZENAI_ROOT is set, else cpu), cpu, cuda, or npu (always in a worker child).
+    #[arg(long, env = "ONEBIT_DEVICE", default_value = "auto")]
+    device: DeviceChoice,
+    /// Run the backbone in a worker child (`onebit-tts worker`) whatever the device.
+    #[arg(long)]
+    isolate: bool,
+    /// Refuse to start unless the backbone is proven resident on the NPU (no CPU fallback).
+    #[arg(long)]
+    require_npu: bool,
+    /// Allow SIGKILL of a worker that outlives ONEBIT_BACKEND_STOP_GRACE_S after SIGTERM
+    /// (CPU/CUDA workers only: a worker holding the NPU is never SIGKILLed).
+    #[arg(long)]
+    allow_kill: bool,
 }
 
 fn parse_kv(s: &str) -> Result<KvMode, String> {
@@ -151,6 +165,9 @@ enum Cmd {
         json: bool,
         text: String,
     },
+    /// The engine worker child (started by the server itself; framed messages on stdin/stdout).
+    #[command(hide = true)]
+    Worker,
     /// Model packages.
     Models {
         #[command(subcommand)]
@@ -270,6 +287,7 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
             intra_threads: m.threads,
             kv_mode: m.kv,
             prefill_chunk: None,
+            device: Default::default(),
         },
         codec_threads: m.threads,
         max_input_chars: 0,
@@ -278,6 +296,11 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
             lib: m.oga_lib.clone(),
             ..OgaOptions::default()
         },
+        device: m.device,
+        isolate: m.isolate,
+        require_npu: m.require_npu,
+        allow_kill: m.allow_kill,
+        worker_exe: None,
     }
 }
 
@@ -486,6 +509,7 @@ fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
     tracing::info!(
         package = %synth.package().dir.display(),
         engine = %synth.engine_description(),
+        device = %synth.device(),
         voices = synth.voices().names().len(),
         "model loaded"
     );
@@ -497,7 +521,7 @@ fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
         request_timeout: Duration::from_secs(args.request_timeout_s),
         shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
         retry_after_s: 1,
-        device: "cpu".into(),
+        device: synth.device().to_string(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -560,6 +584,7 @@ fn run(cli: Cli) -> Result<()> {
         } => say(&model, &generation, &out, &voice, &output, text, cli.quiet),
         Cmd::Serve { model, args } => serve(&model, &args),
         Cmd::Bench { model, args } => bench(&model, &args, cli.quiet),
+        Cmd::Worker => unreachable!("main runs the worker before anything else"),
         Cmd::Doctor { json } => {
             use onebit_tts::npu::doctor::{self, DoctorInputs, RealHost};
             let report = doctor::run(&DoctorInputs::from_process(), &RealHost::default());
@@ -935,6 +960,18 @@ fn main() -> ExitCode {
     let default = if cli.quiet { "warn" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("ONEBIT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default},ort=warn")));
+    if matches!(cli.cmd, Cmd::Worker) {
+        // Plain `LEVEL message` lines: the parent adds the time and re-logs each at its level.
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .with_ansi(false)
+            .without_time()
+            .init();
+        // No other thread exists yet: the worker blocks its signals before it starts any.
+        return onebit_tts::engine::worker::child::main();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,6 +1,7 @@
 //! The one path from text to audio. The CLI `say`, the server and `bench` all call
 //! [`Synthesizer::synthesize`]; each stage's timing is reported through [`StageTimings`].
 
+use std::cell::Cell;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -9,11 +10,13 @@ use std::time::Instant;
 use crate::audio::{OutputPipeline, OutputSpec};
 use crate::codec::stream::{StreamDecoder, StreamError, decode_whole};
 use crate::codec::{CodecDecoder, CodecError};
+use crate::engine::device::{self, Device, DeviceChoice};
 use crate::engine::{
     self, CancelToken, Candidates, Engine, EngineError, GenerationParams, LocalEngine, OgaOptions,
-    OrtOptions, StopReason,
+    OrtOptions, StopReason, WorkerConfig, WorkerEngine, WorkerHandle,
 };
 use crate::metrics::StageTimings;
+use crate::npu::Residency;
 use crate::package::{ModelPackage, SPEECH_CODES};
 use crate::prompt::{self, InputFormat, PromptError, PromptInput};
 use crate::text::{self, Language, Phonemizer, TextError};
@@ -67,6 +70,16 @@ pub struct SynthConfig {
     pub engine: EngineKind,
     /// The oga engine's library and settings; its threads and KV mode default to `ort`'s.
     pub oga: OgaOptions,
+    /// Where the backbone runs (`--device`); `ort.device` is replaced by what this resolves to.
+    pub device: DeviceChoice,
+    /// Run the backbone in a worker child whatever the device (the NPU always is).
+    pub isolate: bool,
+    /// Refuse to start unless the backbone is proven resident on the NPU.
+    pub require_npu: bool,
+    /// Let the parent SIGKILL a worker that outlives the stop grace (never one holding the NPU).
+    pub allow_kill: bool,
+    /// The program started as `<exe> worker`; `None`: this executable.
+    pub worker_exe: Option<PathBuf>,
 }
 
 /// The backbone's generation loop: our own over ONNX Runtime (default), or onnxruntime-genai's.
@@ -88,12 +101,69 @@ impl std::str::FromStr for EngineKind {
     }
 }
 
-/// Loads the engine a config asks for over a loaded package.
+/// Loads the engine a config asks for over a loaded package: resolves `--device`, then runs the
+/// backbone in this process (cpu, cuda) or in a worker child (npu, or any device with
+/// `isolate`). With `require_npu`, anything but a proven NPU residency is an error.
 pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engine>, crate::Error> {
+    let declared = pkg.genai.model.decoder.session_options.declares_ryzenai();
+    let root = std::env::var_os(crate::npu::env::RYZENAI_ROOT_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let decision = device::resolve(cfg.device, declared, root.as_deref());
+    tracing::info!("device: {} ({})", decision.device, decision.why);
+    if cfg.require_npu && decision.device != Device::Npu {
+        return Err(EngineError::Device(format!(
+            "--require-npu: the backbone would run on {} ({}); refusing to fall back",
+            decision.device, decision.why
+        ))
+        .into());
+    }
+    if decision.device == Device::Npu && !declared {
+        tracing::warn!(
+            "--device npu: {} declares no RyzenAI provider in genai_config.json, so the worker \
+             gets no NPU environment; this is not an NPU package",
+            pkg.dir.display()
+        );
+    }
+    let ort = OrtOptions {
+        device: decision.device,
+        ..cfg.ort.clone()
+    };
+    if decision.device == Device::Npu || cfg.isolate {
+        if cfg.engine == EngineKind::Oga {
+            return Err(EngineError::Params(
+                "--engine oga runs in this process only; the worker child (--device npu, --isolate) runs the ort engine".into(),
+            )
+            .into());
+        }
+        let mut wcfg = WorkerConfig::from_process(
+            pkg.dir.clone(),
+            cfg.ort_lib.clone(),
+            ort,
+            declared,
+            cfg.worker_exe.clone(),
+        )?;
+        wcfg.allow_kill = cfg.allow_kill;
+        let mut worker = WorkerEngine::new(wcfg);
+        worker.start()?;
+        if cfg.require_npu {
+            match worker.handle().residency() {
+                Some(Residency::Proven) => {}
+                Some(r) => return Err(EngineError::Device(format!("--require-npu: {r}")).into()),
+                None => {
+                    return Err(EngineError::Device(
+                        "--require-npu: no residency proof was made".into(),
+                    )
+                    .into());
+                }
+            }
+        }
+        return Ok(Box::new(worker));
+    }
     match cfg.engine {
         EngineKind::Ort => {
             let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
-            let backbone = engine::OrtBackbone::load(env, pkg, &cfg.ort)?;
+            let backbone = engine::OrtBackbone::load(env, pkg, &ort)?;
             Ok(Box::new(LocalEngine(Box::new(backbone))))
         }
         EngineKind::Oga => {
@@ -411,6 +481,9 @@ pub struct Synthesizer {
     engine: Mutex<Box<dyn Engine>>,
     codec: Mutex<CodecDecoder>,
     candidates: Candidates,
+    device: Device,
+    /// The engine's worker child, readable without the engine lock (for /health).
+    worker: Option<WorkerHandle>,
 }
 
 impl Synthesizer {
@@ -430,12 +503,31 @@ impl Synthesizer {
             speech_count: SPEECH_CODES,
             stop_ids: pkg.stop_ids.clone(),
         };
+        let device = engine.device();
+        let worker = engine.worker();
         Self {
             front,
             engine: Mutex::new(engine),
             codec: Mutex::new(codec),
             candidates,
+            device,
+            worker,
         }
+    }
+
+    /// Where the backbone runs.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The worker child behind the engine, if it runs in one.
+    pub fn worker(&self) -> Option<&WorkerHandle> {
+        self.worker.as_ref()
+    }
+
+    /// The NPU residency proof of the worker's latest load (`None` off the NPU).
+    pub fn residency(&self) -> Option<Residency> {
+        self.worker.as_ref().and_then(WorkerHandle::residency)
     }
 
     pub fn front_end(&self) -> &FrontEnd {
@@ -508,6 +600,9 @@ impl Synthesizer {
             pieces: pieces.len(),
             timings,
         };
+        // Read by the retry decision while the code callback holds `out`.
+        let bytes_sent = Cell::new(0usize);
+        let mut retried = false;
         // Pushes samples through the output pipeline and hands the bytes to the sink; false when
         // the caller wants to stop.
         let emit = |samples: &[f32],
@@ -526,6 +621,7 @@ impl Synthesizer {
                 out.timings.first_audio = Some(t0.elapsed());
             }
             out.bytes += bytes.len();
+            bytes_sent.set(out.bytes);
             Ok(sink(SynthEvent::Audio(&bytes)).is_continue())
         };
 
@@ -572,46 +668,76 @@ impl Synthesizer {
             });
             let base = out.codes.len();
             let mut stopped_by_sink = false;
-            let mut made = 0;
-            let generation =
-                engine.generate(&self.candidates, &piece.ids, &params, cancel, &mut |code| {
-                    let index = base + made;
-                    made += 1;
-                    if sink(SynthEvent::Code { index, code }).is_break() {
-                        stopped_by_sink = true;
-                        return ControlFlow::Break(());
-                    }
-                    let Some(stream) = stream.as_mut() else {
-                        return ControlFlow::Continue(());
-                    };
-                    let t = Instant::now();
-                    let step = stream.push(code as i32);
-                    out.timings.codec += t.elapsed();
-                    match step {
-                        Ok(Some(mut samples)) => {
-                            if first_chunk {
-                                fade_edges(&mut samples, fade_in, 0);
-                                first_chunk = false;
+            let made = Cell::new(0usize);
+            let mut on_code = |code: u32| {
+                let index = base + made.get();
+                made.set(made.get() + 1);
+                if sink(SynthEvent::Code { index, code }).is_break() {
+                    stopped_by_sink = true;
+                    return ControlFlow::Break(());
+                }
+                let Some(stream) = stream.as_mut() else {
+                    return ControlFlow::Continue(());
+                };
+                let t = Instant::now();
+                let step = stream.push(code as i32);
+                out.timings.codec += t.elapsed();
+                match step {
+                    Ok(Some(mut samples)) => {
+                        if first_chunk {
+                            fade_edges(&mut samples, fade_in, 0);
+                            first_chunk = false;
+                        }
+                        match emit(&samples, &mut out, &mut pipeline, sink) {
+                            Ok(true) => ControlFlow::Continue(()),
+                            Ok(false) => {
+                                stopped_by_sink = true;
+                                ControlFlow::Break(())
                             }
-                            match emit(&samples, &mut out, &mut pipeline, sink) {
-                                Ok(true) => ControlFlow::Continue(()),
-                                Ok(false) => {
-                                    stopped_by_sink = true;
-                                    ControlFlow::Break(())
-                                }
-                                Err(e) => {
-                                    failure = Some(e);
-                                    ControlFlow::Break(())
-                                }
+                            Err(e) => {
+                                failure = Some(e);
+                                ControlFlow::Break(())
                             }
                         }
-                        Ok(None) => ControlFlow::Continue(()),
-                        Err(e) => {
-                            failure = Some(stream_error(e));
-                            ControlFlow::Break(())
-                        }
                     }
-                })?;
+                    Ok(None) => ControlFlow::Continue(()),
+                    Err(e) => {
+                        failure = Some(stream_error(e));
+                        ControlFlow::Break(())
+                    }
+                }
+            };
+            // One retry per request, after the engine's delay, for a failure the engine says a
+            // retry may cure (the NPU's one-off first-dispatch timeout, a worker that died) — and
+            // only for a whole-file request before any byte went out: a stream is never retried.
+            // The sink then sees this piece's codes again from its first index.
+            let generation = loop {
+                let err = match engine.generate(
+                    &self.candidates,
+                    &piece.ids,
+                    &params,
+                    cancel,
+                    &mut on_code,
+                ) {
+                    Ok(g) => break g,
+                    Err(e) => e,
+                };
+                let safe = !retried
+                    && !req.output.streaming
+                    && bytes_sent.get() == 0
+                    && !cancel.is_cancelled();
+                let Some(delay) = safe.then(|| engine.retry_delay(&err)).flatten() else {
+                    return Err(err.into());
+                };
+                tracing::warn!(
+                    "{} request failed: {err}; retrying it once in {:.1} s (not streamed, no audio sent yet)",
+                    engine.device(),
+                    delay.as_secs_f64()
+                );
+                std::thread::sleep(delay);
+                retried = true;
+                made.set(0);
+            };
             if let Some(e) = failure.take() {
                 return Err(e);
             }

@@ -5,18 +5,23 @@
 //! backbone: budget check, min/max new tokens, speech-constrained sampling, stop ids, cancellation
 //! and the per-code callback all live here once.
 
+pub mod device;
 pub mod oga;
 pub mod ort_engine;
+mod ryzenai;
 pub mod sampler;
+pub mod worker;
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+pub use device::{Device, DeviceChoice};
 pub use oga::{OgaBackbone, OgaLoadError, OgaOptions, OgaStep};
 pub use ort_engine::{KvMode, OrtBackbone, OrtOptions};
 pub use sampler::{Candidates, SampleError, Sampler, SamplingParams};
+pub use worker::{WorkerConfig, WorkerEngine, WorkerHandle};
 
 /// The vendor's minimum: the end token cannot win before 50 new codes.
 pub const DEFAULT_MIN_NEW_TOKENS: usize = 50;
@@ -42,6 +47,17 @@ pub enum EngineError {
     Oga { call: &'static str, message: String },
     #[error(transparent)]
     OgaLoad(#[from] OgaLoadError),
+    /// The execution provider could not be set up (no NPU, no CUDA in this runtime, ...).
+    #[error("device: {0}")]
+    Device(String),
+    /// The engine worker could not be started or spoke out of turn.
+    #[error("engine worker: {0}")]
+    Worker(String),
+    /// The engine worker ended while a request was running; the next request starts a new one.
+    #[error(
+        "the engine worker (pid {pid}) ended during the request ({ending}); the next request starts a new worker"
+    )]
+    WorkerCrashed { pid: u32, ending: String },
 }
 
 impl From<ort::Error<ort::session::builder::SessionBuilder>> for EngineError {
@@ -87,6 +103,10 @@ pub trait Backbone: Send {
     /// Most tokens (prompt + generated) one sequence may hold.
     fn budget(&self) -> usize;
     fn describe(&self) -> String;
+    /// Where the backbone runs.
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
 }
 
 /// Something that turns a prompt into speech codes: an in-process [`Backbone`] under the shared
@@ -101,6 +121,21 @@ pub trait Engine: Send {
         on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Generation, EngineError>;
     fn describe(&self) -> String;
+    /// Where the backbone runs.
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+    /// How long to wait before retrying a request that failed with `err`, once; `None`: do not
+    /// retry. Only the caller knows whether a retry is safe (no audio left yet); the engine
+    /// knows whether the failure is the kind a retry cures (the NPU's one-off first-dispatch
+    /// timeout, a worker that died).
+    fn retry_delay(&self, _err: &EngineError) -> Option<Duration> {
+        None
+    }
+    /// The worker child behind this engine, if any (pid, residency, how it ended).
+    fn worker(&self) -> Option<WorkerHandle> {
+        None
+    }
 }
 
 /// A backbone in this process, driven by [`generate`].
@@ -121,10 +156,14 @@ impl Engine for LocalEngine {
     fn describe(&self) -> String {
         self.0.describe()
     }
+
+    fn device(&self) -> Device {
+        self.0.device()
+    }
 }
 
 /// Per-request generation settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GenerationParams {
     pub sampling: SamplingParams,
     pub min_new_tokens: usize,
@@ -142,7 +181,8 @@ impl Default for GenerationParams {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StopReason {
     /// A stop id won (the end token or an eos id).
     Stop(u32),

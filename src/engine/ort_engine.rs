@@ -12,12 +12,14 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
 
+use super::device::{self, Device};
 use super::{Backbone, EngineError};
-use crate::package::ModelPackage;
 use crate::package::genai::layer_name;
+use crate::package::{BackbonePackage, ModelPackage};
 
 /// How the KV cache is held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum KvMode {
     /// Present tensors grow by one position per step.
     Growing,
@@ -26,12 +28,15 @@ pub enum KvMode {
 }
 
 /// Session settings; `None` means the package's genai_config.json decides.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct OrtOptions {
     pub intra_threads: Option<usize>,
     pub kv_mode: Option<KvMode>,
     /// Prompt tokens per prefill run; `None` prefills in one run.
     pub prefill_chunk: Option<usize>,
+    /// The execution provider (`Device::Npu` only works in a process started with the NPU
+    /// environment: the engine worker).
+    pub device: Device,
 }
 
 struct Names {
@@ -59,6 +64,8 @@ pub struct OrtBackbone {
     len: usize,
     logits: Vec<f32>,
     desc: String,
+    device: Device,
+    providers: Vec<String>,
 }
 
 fn level(name: Option<&str>) -> GraphOptimizationLevel {
@@ -86,6 +93,15 @@ impl OrtBackbone {
         pkg: &ModelPackage,
         opts: &OrtOptions,
     ) -> Result<Self, EngineError> {
+        Self::load_backbone(env, &pkg.backbone(), opts)
+    }
+
+    /// Loads from the backbone's part of a package (what the engine worker has).
+    pub fn load_backbone(
+        env: &ort::environment::Environment,
+        pkg: &BackbonePackage,
+        opts: &OrtOptions,
+    ) -> Result<Self, EngineError> {
         let d = &pkg.genai.model.decoder;
         let so = &d.session_options;
         let mut builder = Session::builder(env)?
@@ -96,16 +112,29 @@ impl OrtBackbone {
         if let Some(n) = so.inter_op_num_threads {
             builder = builder.with_inter_threads(n)?;
         }
+        // As onnxruntime-genai does: the config's session entries and custom-op library, then
+        // the providers.
+        for (k, v) in &so.config_entries {
+            builder = builder.with_config_entry(k, v)?;
+        }
+        if let Some(lib) = &so.custom_ops_library {
+            let path = pkg.dir.join(lib);
+            builder = builder.with_operator_library(&path).map_err(|e| {
+                EngineError::Graph(format!("custom_ops_library {}: {e}", path.display()))
+            })?;
+        }
+        let (mut builder, providers) = device::attach(builder, env, opts.device, pkg)?;
         let session = builder
             .commit_from_file(&pkg.decoder_path)
             .map_err(|e| EngineError::Graph(format!("{}: {e}", pkg.decoder_path.display())))?;
-        Self::from_session(session, pkg, opts)
+        Self::from_session(session, pkg, opts, providers)
     }
 
     fn from_session(
         session: Session,
-        pkg: &ModelPackage,
+        pkg: &BackbonePackage,
         opts: &OrtOptions,
+        providers: Vec<String>,
     ) -> Result<Self, EngineError> {
         let d = &pkg.genai.model.decoder;
         let has_input = |n: &str| session.inputs().iter().any(|o| o.name() == n);
@@ -195,7 +224,7 @@ impl OrtBackbone {
             });
         let budget = pkg.genai.token_budget();
         let desc = format!(
-            "ort {} ({} layers, {} KV, {})",
+            "ort {} ({} layers, {} KV, {}, {} on {})",
             crate::runtime::info().map_or("?", |i| i.version.as_str()),
             d.num_hidden_layers,
             match mode {
@@ -206,6 +235,8 @@ impl OrtBackbone {
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or("?"),
+            opts.device,
+            providers.join(" > "),
         );
         let mut me = Self {
             session,
@@ -228,6 +259,8 @@ impl OrtBackbone {
             len: 0,
             logits: Vec::new(),
             desc,
+            device: opts.device,
+            providers,
         };
         me.reset();
         Ok(me)
@@ -329,6 +362,11 @@ impl OrtBackbone {
         Ok(())
     }
 
+    /// The execution providers the session was built with, in priority order.
+    pub fn providers(&self) -> &[String] {
+        &self.providers
+    }
+
     fn last_row(logits: &DynValue, vocab: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
         let (shape, data) = logits.try_extract_tensor::<f32>()?;
         let width = shape.last().copied().unwrap_or(0) as usize;
@@ -400,6 +438,10 @@ impl Backbone for OrtBackbone {
 
     fn describe(&self) -> String {
         self.desc.clone()
+    }
+
+    fn device(&self) -> Device {
+        self.device
     }
 }
 

@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 /// User-facing sampling knobs (vendor defaults: temperature 1.0, top-k 50, sampling on).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// 0 means greedy.
     pub temperature: f32,
@@ -68,7 +68,7 @@ impl SamplingParams {
 }
 
 /// Which ids may be chosen.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Candidates {
     /// First speech id; the block is `speech_first .. speech_first + 65536`.
     pub speech_first: u32,

@@ -77,6 +77,12 @@ pub struct SessionOptions {
     /// A list of `{provider name: {option: value}}`, as OGA writes it.
     #[serde(default)]
     pub provider_options: Vec<BTreeMap<String, BTreeMap<String, String>>>,
+    /// Session config entries OGA adds as they are (`AddConfigEntry`).
+    #[serde(default)]
+    pub config_entries: BTreeMap<String, String>,
+    /// A custom-op library OGA registers (`RegisterCustomOpsLibrary`); relative to the package.
+    #[serde(default)]
+    pub custom_ops_library: Option<String>,
 }
 
 impl SessionOptions {
@@ -91,7 +97,25 @@ impl SessionOptions {
     pub fn provider(&self, name: &str) -> Option<&BTreeMap<String, String>> {
         self.provider_options.iter().find_map(|m| m.get(name))
     }
+
+    /// The RyzenAI entry of `provider_options` (OGA's provider name is `RyzenAI`; any case), whose
+    /// options go to the RyzenAI provider as they are (e.g. `hybrid_opt_token_backend=npu`).
+    pub fn ryzenai(&self) -> Option<&BTreeMap<String, String>> {
+        self.provider_options.iter().find_map(|m| {
+            m.iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(RYZENAI_PROVIDER_KEY))
+                .map(|(_, v)| v)
+        })
+    }
+
+    /// Whether the config declares the RyzenAI provider (the NPU route's first condition).
+    pub fn declares_ryzenai(&self) -> bool {
+        self.ryzenai().is_some()
+    }
 }
+
+/// The provider name OGA's genai_config.json uses for AMD's RyzenAI provider.
+pub const RYZENAI_PROVIDER_KEY: &str = "RyzenAI";
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default)]

@@ -164,9 +164,18 @@ fn read_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-impl ModelPackage {
-    /// Loads the package in `dir`; the codec package is `codec_dir` or `dir/codec`.
-    pub fn load(dir: &Path, codec_dir: Option<&Path>) -> Result<Self, PackageError> {
+/// The part of a package the backbone needs: genai_config.json and the decoder graph. The engine
+/// worker loads only this (no tokenizer, no codec).
+#[derive(Debug, Clone)]
+pub struct BackbonePackage {
+    pub dir: PathBuf,
+    pub genai: GenaiConfig,
+    pub decoder_path: PathBuf,
+}
+
+impl BackbonePackage {
+    /// Loads and validates `dir/genai_config.json` and checks the decoder graph exists.
+    pub fn load(dir: &Path) -> Result<Self, PackageError> {
         if !dir.is_dir() {
             return Err(PackageError::Missing {
                 path: dir.to_path_buf(),
@@ -187,6 +196,23 @@ impl ModelPackage {
                 what: "the decoder ONNX model named by genai_config.json model.decoder.filename",
             });
         }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            genai,
+            decoder_path,
+        })
+    }
+}
+
+impl ModelPackage {
+    /// Loads the package in `dir`; the codec package is `codec_dir` or `dir/codec`.
+    pub fn load(dir: &Path, codec_dir: Option<&Path>) -> Result<Self, PackageError> {
+        let BackbonePackage {
+            dir: _,
+            genai,
+            decoder_path,
+        } = BackbonePackage::load(dir)?;
+        let config_path = dir.join("genai_config.json");
 
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.is_file() {
@@ -252,6 +278,15 @@ impl ModelPackage {
             input_format,
             codec,
         })
+    }
+
+    /// The backbone's part of the package.
+    pub fn backbone(&self) -> BackbonePackage {
+        BackbonePackage {
+            dir: self.dir.clone(),
+            genai: self.genai.clone(),
+            decoder_path: self.decoder_path.clone(),
+        }
     }
 
     /// A human summary for `models check`.

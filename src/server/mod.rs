@@ -175,7 +175,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         "ready": true,
         "device": st.cfg.device,
         "engine": st.synth.engine_description(),
-        "residency": serde_json::Value::Null,
+        "residency": st.synth.residency().map(|r| r.to_string()),
         "queue_depth": st.metrics.queued.load(Ordering::Relaxed),
     }))
     .into_response()

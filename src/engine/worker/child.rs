@@ -1,0 +1,335 @@
+//! The worker's side (`onebit-tts worker`): loads the backbone on the device the parent asks for
+//! and runs generations, streaming codes.
+//!
+//! Threads:
+//! - main: owns the backbone and the reply stream; runs one request at a time;
+//! - stdin reader: decodes requests; a `cancel` fires the running request's token at once (so
+//!   the main thread stops within one step), everything else is queued for main;
+//! - signals: SIGTERM, SIGINT and SIGHUP are blocked in every thread and taken here with
+//!   `sigwait`, so no handler ever runs in signal context. SIGTERM cancels the running request
+//!   and queues a shutdown; SIGINT/SIGHUP are logged and ignored (they reach the whole terminal
+//!   process group; the parent decides and ends the worker with SIGTERM or end of stdin).
+//!
+//! Shutdown order: the main loop returns, the model session is dropped, then `main` returns and
+//! only then do ONNX Runtime's, the provider's and XRT's globals go (at process exit). The seed's
+//! hang came from the reverse: exit() in a signal handler tore down the runtime under the model.
+//!
+//! The reply stream is a private duplicate of the original stdout; fd 1 itself is pointed at
+//! stderr, so anything a library prints lands in the log, not inside a frame.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Write};
+use std::ops::ControlFlow;
+use std::os::fd::FromRawFd;
+use std::process::ExitCode;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use super::protocol::{
+    Generate, Hello, Load, Loaded, Reply, Request, Summary, WireError, read_frame, write_frame,
+};
+use crate::engine::{self, Backbone, CancelToken, EngineError, OrtBackbone};
+use crate::package::BackbonePackage;
+
+enum Input {
+    Load(Load),
+    Generate(Generate, CancelToken),
+    Shutdown(&'static str),
+    Broken(String),
+}
+
+type Running = Arc<Mutex<Option<(u64, CancelToken)>>>;
+
+/// The worker's `main`. Call it first thing, before any other thread exists (the signal mask is
+/// inherited by threads created later, ONNX Runtime's pools included).
+pub fn main() -> ExitCode {
+    let signals = match block_signals() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("blocking signals: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let out = match take_stdout() {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::error!("setting up the reply stream: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (tx, rx) = mpsc::channel::<Input>();
+    let running: Running = Arc::new(Mutex::new(None));
+    if let Err(e) = spawn_signal_thread(signals, tx.clone(), running.clone()) {
+        tracing::error!("starting the signal thread: {e}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = spawn_stdin_thread(tx, running.clone()) {
+        tracing::error!("starting the request reader: {e}");
+        return ExitCode::FAILURE;
+    }
+    let code = serve(rx, running, BufWriter::new(out));
+    tracing::info!("worker exiting");
+    code
+}
+
+/// The main loop; returns after the backbone is dropped.
+fn serve(rx: mpsc::Receiver<Input>, running: Running, mut out: BufWriter<File>) -> ExitCode {
+    let hello = Hello::from_process();
+    tracing::info!(
+        "worker pid {} started (protocol {}, onebit-tts {})",
+        hello.pid,
+        hello.protocol,
+        hello.version
+    );
+    if write_frame(&mut out, &Reply::Hello(hello)).is_err() {
+        return ExitCode::FAILURE;
+    }
+    let mut backbone: Option<OrtBackbone> = None;
+    let mut code = ExitCode::SUCCESS;
+    while let Ok(input) = rx.recv() {
+        let sent = match input {
+            Input::Load(load) => {
+                let reply = if backbone.is_some() {
+                    Reply::Error {
+                        id: None,
+                        error: WireError::Other("the backbone is already loaded".into()),
+                    }
+                } else {
+                    match load_backbone(&load) {
+                        Ok((b, loaded)) => {
+                            backbone = Some(b);
+                            Reply::Loaded(loaded)
+                        }
+                        Err(e) => {
+                            tracing::error!("load failed: {e}");
+                            Reply::Error {
+                                id: None,
+                                error: WireError::from(&e),
+                            }
+                        }
+                    }
+                };
+                write_frame(&mut out, &reply)
+            }
+            Input::Generate(g, token) => {
+                let sent = run(backbone.as_mut(), &g, &token, &mut out);
+                let mut r = running.lock().unwrap_or_else(|p| p.into_inner());
+                if r.as_ref().is_some_and(|(id, _)| *id == g.id) {
+                    *r = None;
+                }
+                sent
+            }
+            Input::Shutdown(why) => {
+                tracing::info!("shutting down ({why})");
+                break;
+            }
+            Input::Broken(why) => {
+                tracing::error!("request stream broken: {why}; shutting down");
+                code = ExitCode::FAILURE;
+                break;
+            }
+        };
+        if let Err(e) = sent {
+            tracing::warn!("reply stream closed ({e}): the parent is gone; shutting down");
+            break;
+        }
+    }
+    if backbone.take().is_some() {
+        tracing::info!("model session released");
+    }
+    code
+}
+
+fn load_backbone(load: &Load) -> Result<(OrtBackbone, Loaded), EngineError> {
+    let env = crate::runtime::environment(load.ort_lib.as_deref())
+        .map_err(|e| EngineError::Runtime(e.to_string()))?;
+    let pkg = BackbonePackage::load(&load.package_dir)
+        .map_err(|e| EngineError::Graph(format!("package {}: {e}", load.package_dir.display())))?;
+    let b = OrtBackbone::load_backbone(env, &pkg, &load.ort)?;
+    let loaded = Loaded {
+        engine: b.describe(),
+        device: b.device(),
+        providers: b.providers().to_vec(),
+        runtime: crate::runtime::info().map(|i| format!("{} ({})", i.path.display(), i.version)),
+    };
+    tracing::info!(
+        "backbone loaded on {}: {} (providers: {})",
+        loaded.device,
+        loaded.engine,
+        loaded.providers.join(", ")
+    );
+    Ok((b, loaded))
+}
+
+/// Runs one generation, streaming codes; returns Err only when the reply stream is gone.
+fn run(
+    backbone: Option<&mut OrtBackbone>,
+    g: &Generate,
+    token: &CancelToken,
+    out: &mut BufWriter<File>,
+) -> io::Result<()> {
+    let Some(backbone) = backbone else {
+        return write_frame(
+            out,
+            &Reply::Error {
+                id: Some(g.id),
+                error: WireError::Other("generate before load".into()),
+            },
+        );
+    };
+    let mut broken: Option<io::Error> = None;
+    let result = engine::generate(
+        backbone,
+        &g.candidates,
+        &g.prompt,
+        &g.params,
+        token,
+        &mut |code| match write_frame(&mut *out, &Reply::Code { id: g.id, code }) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                broken = Some(e);
+                ControlFlow::Break(())
+            }
+        },
+    );
+    if let Some(e) = broken {
+        return Err(e);
+    }
+    let reply = match result {
+        Ok(generation) => Reply::Done {
+            id: g.id,
+            summary: Summary::of(&generation),
+        },
+        Err(e) => {
+            tracing::warn!("request {} failed: {e}", g.id);
+            Reply::Error {
+                id: Some(g.id),
+                error: WireError::from(&e),
+            }
+        }
+    };
+    write_frame(out, &reply)
+}
+
+fn spawn_stdin_thread(tx: mpsc::Sender<Input>, running: Running) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("worker-stdin".into())
+        .spawn(move || {
+            let mut input = BufReader::new(io::stdin().lock());
+            loop {
+                let msg = match read_frame::<_, Request>(&mut input) {
+                    Ok(Some(m)) => m,
+                    Ok(None) => {
+                        let _ = tx.send(Input::Shutdown("end of stdin"));
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Input::Broken(e.to_string()));
+                        return;
+                    }
+                };
+                let forwarded = match msg {
+                    Request::Load(l) => tx.send(Input::Load(l)),
+                    Request::Generate(g) => {
+                        // Registered here, before main sees it, so a cancel that follows at
+                        // once finds it.
+                        let token = CancelToken::new();
+                        *running.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some((g.id, token.clone()));
+                        tx.send(Input::Generate(g, token))
+                    }
+                    Request::Cancel { id } => {
+                        let r = running.lock().unwrap_or_else(|p| p.into_inner());
+                        match r.as_ref() {
+                            Some((rid, token)) if *rid == id => token.cancel(),
+                            _ => tracing::debug!("cancel {id}: not running"),
+                        }
+                        Ok(())
+                    }
+                    Request::Shutdown => {
+                        let _ = tx.send(Input::Shutdown("shutdown requested"));
+                        return;
+                    }
+                };
+                if forwarded.is_err() {
+                    return;
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+/// The signals the worker takes on its own thread.
+const TAKEN: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+fn block_signals() -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data initialised by sigemptyset; pthread_sigmask changes only
+    // this thread's mask (and, by inheritance, that of threads created later).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in TAKEN {
+            libc::sigaddset(&mut set, s);
+        }
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(set)
+    }
+}
+
+fn spawn_signal_thread(
+    set: libc::sigset_t,
+    tx: mpsc::Sender<Input>,
+    running: Running,
+) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("worker-signals".into())
+        .spawn(move || {
+            loop {
+                let mut sig: libc::c_int = 0;
+                // SAFETY: `set` is a valid sigset whose signals are blocked in every thread.
+                let rc = unsafe { libc::sigwait(&set, &mut sig) };
+                if rc != 0 {
+                    tracing::error!("sigwait: {}", io::Error::from_raw_os_error(rc));
+                    return;
+                }
+                if sig == libc::SIGTERM {
+                    tracing::info!(
+                        "SIGTERM: cancelling the request in flight, then releasing the model"
+                    );
+                    if let Some((_, token)) =
+                        running.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
+                    {
+                        token.cancel();
+                    }
+                    let _ = tx.send(Input::Shutdown("SIGTERM"));
+                } else {
+                    tracing::info!(
+                        "signal {sig} ignored: the parent ends the worker (SIGTERM or end of stdin)"
+                    );
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+/// A private, close-on-exec duplicate of stdout for the replies; fd 1 then points at stderr.
+fn take_stdout() -> io::Result<File> {
+    io::stdout().flush()?;
+    // SAFETY: plain fd syscalls on fds 1 and 2, which exist for a process started by the parent
+    // with piped stdout/stderr; the duplicate is owned by the returned File alone.
+    unsafe {
+        let fd = libc::fcntl(libc::STDOUT_FILENO, libc::F_DUPFD_CLOEXEC, 3);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::dup2(libc::STDERR_FILENO, libc::STDOUT_FILENO) < 0 {
+            let e = io::Error::last_os_error();
+            libc::close(fd);
+            return Err(e);
+        }
+        Ok(File::from_raw_fd(fd))
+    }
+}

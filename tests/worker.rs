@@ -1,0 +1,744 @@
+//! The engine worker with real child processes: the compiled `onebit-tts worker` runs the CPU
+//! backbone of a generated package, and the tests crash it, stop it, hang it and compare it with
+//! the in-process engine. No NPU is needed; the NPU environment is checked over a fake venv/XRT
+//! tree, and "holds the NPU" over a fake /proc fd table.
+//!
+//! Nothing sleeps to synchronise: tests wait on what they can observe (a code arriving, the
+//! process state in /proc, the watchdog's record of an exit), polling only where the kernel
+//! offers no notification.
+
+mod common;
+
+use std::ffi::OsString;
+use std::fs;
+use std::ops::ControlFlow;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use onebit_tts::audio::OutputSpec;
+use onebit_tts::codec::CodecDecoder;
+use onebit_tts::engine::{
+    CancelToken, Candidates, Device, Engine, EngineError, GenerationParams, OrtOptions,
+    SamplingParams, StopReason, WorkerConfig, WorkerEngine, WorkerHandle,
+};
+use onebit_tts::npu::env::{EnvInputs, EnvPlan, worker_env};
+use onebit_tts::npu::lifecycle::{Ending, StopOutcome};
+use onebit_tts::npu::{PROVIDER_FILE, SystemRoots};
+use onebit_tts::package::{ModelPackage, SPEECH_CODES};
+use onebit_tts::server::ApiError;
+use onebit_tts::synth::{FrontEnd, SpeechRequest, SynthConfig, SynthError, SynthEvent};
+use onebit_tts::{Synthesizer, voice};
+
+const MODEL: &str = "tiny-random";
+
+/// A CPU worker on the test package, started from the compiled binary, with this process's
+/// environment unchanged (no NPU knobs).
+fn cpu_config() -> WorkerConfig {
+    WorkerConfig {
+        package_dir: common::model(MODEL),
+        ort_lib: None,
+        ort: OrtOptions::default(),
+        env: EnvInputs {
+            provider_declared: false,
+            ryzenai_root: None,
+            xrt_root_knob: None,
+            xilinx_xrt: None,
+            ld_library_path: std::env::var_os("LD_LIBRARY_PATH"),
+            worker_exe: common::bin(),
+        },
+        grace: Duration::from_secs(30),
+        allow_kill: false,
+        roots: SystemRoots::default(),
+        retry_delay: None,
+    }
+}
+
+fn synth_config(isolate: bool) -> SynthConfig {
+    SynthConfig {
+        package_dir: common::model(MODEL),
+        voice_dirs: voice::default_dirs(),
+        isolate,
+        worker_exe: Some(common::bin()),
+        ..SynthConfig::default()
+    }
+}
+
+/// A synthesizer whose engine is the given worker (tests set its retry policy).
+fn synth_with(worker: WorkerEngine) -> Synthesizer {
+    let cfg = synth_config(true);
+    let front = FrontEnd::load(&cfg).expect("front end");
+    let env = onebit_tts::runtime::environment(None).expect("runtime");
+    let codec = CodecDecoder::load(env, &front.package().codec, None).expect("codec");
+    Synthesizer::from_parts(front, Box::new(worker), codec)
+}
+
+/// A request long enough (3000 codes, several seconds) that a worker killed at its first code
+/// cannot have finished it first.
+fn long_request(streaming: bool) -> SpeechRequest {
+    let mut r = request(streaming);
+    r.generation.min_new_tokens = 3000;
+    r.generation.max_new_tokens = Some(3000);
+    r
+}
+
+fn request(streaming: bool) -> SpeechRequest {
+    SpeechRequest {
+        text: "Sampling run through the worker.".into(),
+        voice: "test".into(),
+        generation: GenerationParams {
+            sampling: SamplingParams {
+                seed: Some(5),
+                ..SamplingParams::default()
+            },
+            max_new_tokens: Some(90),
+            ..GenerationParams::default()
+        },
+        output: OutputSpec {
+            streaming,
+            ..OutputSpec::default()
+        },
+        ..SpeechRequest::default()
+    }
+}
+
+type Outcome = (
+    Result<onebit_tts::synth::SynthesisReport, SynthError>,
+    Vec<u8>,
+);
+
+/// Runs a request, collecting the audio bytes; `on_code` sees each code's index and may stop.
+fn synthesize_until(
+    synth: &Synthesizer,
+    req: &SpeechRequest,
+    mut on_code: impl FnMut(usize) -> ControlFlow<()>,
+) -> Outcome {
+    let mut bytes = Vec::new();
+    let r = synth.synthesize(req, &CancelToken::new(), &mut |ev| match ev {
+        SynthEvent::Code { index, .. } => on_code(index),
+        SynthEvent::Audio(b) => {
+            bytes.extend_from_slice(b);
+            ControlFlow::Continue(())
+        }
+        SynthEvent::Started { .. } | SynthEvent::Piece { .. } => ControlFlow::Continue(()),
+    });
+    (r, bytes)
+}
+
+fn synthesize(synth: &Synthesizer, req: &SpeechRequest, mut on_code: impl FnMut(usize)) -> Outcome {
+    synthesize_until(synth, req, |i| {
+        on_code(i);
+        ControlFlow::Continue(())
+    })
+}
+
+fn kill(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a pid this test's engine started and has not reaped.
+    assert_eq!(
+        unsafe { libc::kill(pid as i32, sig) },
+        0,
+        "kill {pid} {sig}"
+    );
+}
+
+/// The state letter of a process in /proc/<pid>/stat (R, S, T, Z, ...); None once reaped.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Polls /proc (bounded) until `pid` reaches `state`; the kernel has no notification for it.
+fn wait_for_state(pid: u32, state: char) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proc_state(pid) != Some(state) {
+        assert!(Instant::now() < deadline, "pid {pid} never reached {state}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn pid_of(h: &WorkerHandle) -> u32 {
+    h.pid().expect("a running worker")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parity
+
+#[test]
+fn synthesis_through_the_worker_equals_in_process_synthesis() {
+    let local = Synthesizer::load(&synth_config(false)).expect("in-process");
+    assert!(local.worker().is_none());
+    let isolated = Synthesizer::load(&synth_config(true)).expect("worker");
+    let handle = isolated.worker().expect("a worker").clone();
+    assert_eq!(isolated.device(), Device::Cpu);
+    assert!(
+        isolated.residency().is_none(),
+        "no residency claim off the NPU"
+    );
+    assert!(isolated.engine_description().starts_with("worker pid "));
+    let loaded = handle.loaded().expect("loaded");
+    assert_eq!(loaded.providers, ["CPUExecutionProvider"]);
+
+    for streaming in [false, true] {
+        let req = request(streaming);
+        let (a, wav_a) = synthesize(&local, &req, |_| {});
+        let (b, wav_b) = synthesize(&isolated, &req, |_| {});
+        let (a, b) = (a.expect("local"), b.expect("worker"));
+        assert!(!a.codes.is_empty());
+        assert_eq!(a.codes, b.codes, "streaming {streaming}");
+        assert_eq!(a.seed, b.seed);
+        assert_eq!(a.stop, b.stop);
+        assert_eq!(a.prompt_tokens, b.prompt_tokens);
+        assert_eq!(wav_a, wav_b, "streaming {streaming}: same WAV bytes");
+    }
+    assert_eq!(handle.spawns(), 1);
+}
+
+/// The package's candidates and a two-token prompt, for driving an [`Engine`] directly.
+fn engine_inputs() -> (Candidates, Vec<u32>) {
+    let pkg = ModelPackage::load(&common::model(MODEL), None).expect("package");
+    let candidates = Candidates {
+        speech_first: pkg.vocab.first,
+        speech_count: SPEECH_CODES,
+        stop_ids: pkg.stop_ids.clone(),
+    };
+    let prompt = vec![pkg.vocab.generation_start, pkg.vocab.code_to_id(1234)];
+    (candidates, prompt)
+}
+
+#[test]
+fn a_callback_break_cancels_within_one_step_and_the_worker_stays() {
+    let (candidates, prompt) = engine_inputs();
+    let params = GenerationParams {
+        min_new_tokens: 500,
+        max_new_tokens: Some(500),
+        ..GenerationParams::default()
+    };
+    let mut w = WorkerEngine::new(cpu_config());
+    w.start().expect("start");
+    let pid = pid_of(&w.handle());
+    let mut seen = 0;
+    let g = w
+        .generate(
+            &candidates,
+            &prompt,
+            &params,
+            &CancelToken::new(),
+            &mut |_| {
+                seen += 1;
+                if seen == 7 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            },
+        )
+        .expect("generate");
+    assert_eq!(g.stop, StopReason::Cancelled);
+    assert_eq!(g.codes.len(), 7, "codes after the break are not delivered");
+    assert_eq!(seen, 7);
+    // A cancel token set before the request: nothing generated.
+    let cancel = CancelToken::new();
+    cancel.cancel();
+    let g = w
+        .generate(&candidates, &prompt, &params, &cancel, &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .expect("generate");
+    assert_eq!(g.stop, StopReason::Cancelled);
+    // The same worker serves the next request in full.
+    let g = w
+        .generate(
+            &candidates,
+            &prompt,
+            &GenerationParams {
+                max_new_tokens: Some(20),
+                ..params.clone()
+            },
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .expect("generate");
+    assert_eq!(g.codes.len(), 20);
+    assert_eq!(g.stop, StopReason::Length);
+    assert_eq!(w.handle().pid(), Some(pid));
+    assert_eq!(w.handle().spawns(), 1);
+    // A request the worker refuses keeps its kind (400, not 503) and the worker.
+    let err = w
+        .generate(&candidates, &[], &params, &CancelToken::new(), &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .expect_err("empty prompt");
+    assert!(matches!(err, EngineError::EmptyPrompt), "{err}");
+    assert_eq!(w.handle().pid(), Some(pid));
+    let outcome = w.shutdown().expect("was running");
+    assert_eq!(outcome.ending(), Some(Ending::Exit(0)), "{outcome}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle
+
+#[test]
+fn a_worker_that_exits_on_its_own_is_reaped_at_once() {
+    let mut w = WorkerEngine::new(cpu_config());
+    w.start().expect("start");
+    let h = w.handle();
+    let pid = pid_of(&h);
+    // SIGTERM from outside: the worker's signal thread releases the model and it exits 0.
+    kill(pid, libc::SIGTERM);
+    let ending = h
+        .wait_ending(pid, Duration::from_secs(10))
+        .expect("the watchdog reaped it");
+    assert_eq!(ending, Ending::Exit(0));
+    assert_eq!(proc_state(pid), None, "reaped: no zombie left");
+    assert_eq!(h.pid(), None);
+    // The model went before main returned.
+    assert!(h.wait_log_closed(pid, Duration::from_secs(10)));
+    let log = h.log_tail();
+    let released = log.find("model session released").expect("released");
+    let exiting = log.find("worker exiting").expect("exiting");
+    assert!(released < exiting, "{log}");
+    assert!(log.contains("SIGTERM: cancelling"), "{log}");
+    // Stop is a no-op now, not a 30 s grace.
+    let t0 = Instant::now();
+    let outcome = w.shutdown().expect("known worker");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert_eq!(outcome, StopOutcome::AlreadyEnded(Ending::Exit(0)));
+}
+
+/// A fake /proc in which `pid` holds a fake /dev/accel/accel0.
+fn fake_npu_holder(t: &Path, pid: u32) -> SystemRoots {
+    let roots = SystemRoots::under(t);
+    fs::create_dir_all(roots.accel_node().parent().expect("dev/accel")).expect("mkdir");
+    fs::write(roots.accel_node(), "").expect("node");
+    let fd = roots.proc_fd_dir(pid);
+    fs::create_dir_all(&fd).expect("mkdir");
+    symlink(roots.accel_node(), fd.join("7")).expect("symlink");
+    roots
+}
+
+#[test]
+fn a_stopped_npu_holder_gets_the_grace_and_is_never_sigkilled() {
+    let t = common::tempdir("worker-holder");
+    let mut cfg = cpu_config();
+    cfg.grace = Duration::from_secs(1);
+    cfg.allow_kill = true;
+    let mut w = WorkerEngine::new(cfg);
+    w.start().expect("start");
+    let h = w.handle();
+    let pid = pid_of(&h);
+    // Marked as an NPU holder through a fake fd table; then hung.
+    let roots = fake_npu_holder(&t, pid);
+    assert!(onebit_tts::npu::holds_accel(pid, &roots).expect("fake fd table"));
+    w.config_mut().roots = roots;
+    kill(pid, libc::SIGSTOP);
+    wait_for_state(pid, 'T');
+    let t0 = Instant::now();
+    let outcome = w.shutdown().expect("was running");
+    let waited = t0.elapsed();
+    assert_eq!(
+        outcome,
+        StopOutcome::LeftRunning {
+            pid,
+            holds_npu: true
+        }
+    );
+    assert!(
+        waited >= Duration::from_secs(1),
+        "grace not given: {waited:?}"
+    );
+    assert_eq!(proc_state(pid), Some('T'), "still there, still stopped");
+    assert_eq!(h.left_running(), [pid]);
+    // The test cleans up by hand; the engine still reaps it.
+    kill(pid, libc::SIGKILL);
+    assert_eq!(
+        h.wait_ending(pid, Duration::from_secs(10)),
+        Some(Ending::Signal(libc::SIGKILL))
+    );
+    let _ = fs::remove_dir_all(&t);
+}
+
+#[test]
+fn a_hung_cpu_worker_is_sigkilled_only_with_allow_kill() {
+    let mut cfg = cpu_config();
+    cfg.grace = Duration::from_secs(1);
+    cfg.allow_kill = true;
+    let mut w = WorkerEngine::new(cfg);
+    w.start().expect("start");
+    let h = w.handle();
+    let pid = pid_of(&h);
+    kill(pid, libc::SIGSTOP);
+    wait_for_state(pid, 'T');
+    let outcome = w.shutdown().expect("was running");
+    assert_eq!(
+        outcome,
+        StopOutcome::Killed(Some(Ending::Signal(libc::SIGKILL)))
+    );
+    assert_eq!(
+        outcome.ending().map(|e| e.to_string()).as_deref(),
+        Some("signal 9")
+    );
+    assert!(h.left_running().is_empty());
+}
+
+#[test]
+fn a_worker_hung_mid_request_fails_it_after_the_grace_and_the_next_request_respawns() {
+    let (candidates, prompt) = engine_inputs();
+    let mut cfg = cpu_config();
+    cfg.grace = Duration::from_secs(1);
+    let mut w = WorkerEngine::new(cfg);
+    w.start().expect("start");
+    let h = w.handle();
+    let pid = pid_of(&h);
+    let long = GenerationParams {
+        min_new_tokens: 3000,
+        max_new_tokens: Some(3000),
+        ..GenerationParams::default()
+    };
+    // At the first code the worker hangs (SIGSTOP) and the client stops: the cancel is never
+    // answered.
+    let t0 = Instant::now();
+    let err = w
+        .generate(
+            &candidates,
+            &prompt,
+            &long,
+            &CancelToken::new(),
+            &mut |_| {
+                if proc_state(pid) != Some('T') {
+                    kill(pid, libc::SIGSTOP);
+                    wait_for_state(pid, 'T');
+                }
+                ControlFlow::Break(())
+            },
+        )
+        .expect_err("hung");
+    assert!(
+        t0.elapsed() >= Duration::from_secs(2),
+        "grace to answer, grace after SIGTERM"
+    );
+    assert!(
+        matches!(&err, EngineError::WorkerCrashed { pid: p, ending }
+            if *p == pid && ending.contains("no answer") && ending.contains("left running")),
+        "{err}"
+    );
+    // Not killed: CPU workers need --allow-kill.
+    assert_eq!(h.left_running(), [pid]);
+    assert_eq!(proc_state(pid), Some('T'));
+    kill(pid, libc::SIGKILL);
+    assert_eq!(
+        h.wait_ending(pid, Duration::from_secs(10)),
+        Some(Ending::Signal(libc::SIGKILL))
+    );
+    let short = GenerationParams {
+        max_new_tokens: Some(5),
+        ..GenerationParams::default()
+    };
+    let g = w
+        .generate(
+            &candidates,
+            &prompt,
+            &short,
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .expect("a new worker");
+    assert_eq!(g.codes.len(), 5);
+    assert_eq!(h.spawns(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Crashes, respawn and the retry
+
+#[test]
+fn a_crash_mid_request_is_a_503_and_the_next_request_respawns_the_worker() {
+    let synth = Synthesizer::load(&synth_config(true)).expect("worker");
+    let h = synth.worker().expect("worker").clone();
+    let first = pid_of(&h);
+    let (r, bytes) = synthesize(&synth, &long_request(false), |index| {
+        if index == 0 {
+            kill(first, libc::SIGKILL);
+        }
+    });
+    let err = r.expect_err("the worker died");
+    assert!(bytes.is_empty());
+    assert!(
+        matches!(&err, SynthError::Engine(EngineError::WorkerCrashed { pid, ending })
+            if *pid == first && ending == "signal 9"),
+        "{err}"
+    );
+    assert_eq!(ApiError::from(err).status.as_u16(), 503);
+    assert_eq!(h.ending(first), Some(Ending::Signal(libc::SIGKILL)));
+    assert_eq!(h.spawns(), 1, "CPU workers are not retried by default");
+
+    let (r, bytes) = synthesize(&synth, &request(false), |_| {});
+    let report = r.expect("the next request succeeds");
+    assert!(!report.codes.is_empty() && !bytes.is_empty());
+    assert_eq!(h.spawns(), 2);
+    assert_ne!(h.pid(), Some(first));
+}
+
+/// A worker engine that retries after `delay`, as the NPU route does.
+fn retrying(delay: Duration) -> (Synthesizer, WorkerHandle) {
+    let mut cfg = cpu_config();
+    cfg.retry_delay = Some(delay);
+    let mut w = WorkerEngine::new(cfg);
+    w.start().expect("start");
+    let h = w.handle();
+    (synth_with(w), h)
+}
+
+#[test]
+fn a_failed_whole_file_request_is_retried_once_after_the_delay() {
+    let (synth, h) = retrying(Duration::from_secs(1));
+    // The first 30 codes of the take, without a crash (the client stops there).
+    let stop_at_30 = |i: usize| {
+        if i == 29 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    };
+    let (r, _) = synthesize_until(&synth, &long_request(false), stop_at_30);
+    let reference = r.expect("reference").codes;
+    assert_eq!(reference.len(), 30);
+
+    // The first attempt dies at its first code; the retry runs the same take.
+    let attempts = AtomicUsize::new(0);
+    let t0 = Instant::now();
+    let (r, _) = synthesize_until(&synth, &long_request(false), |index| {
+        if index == 0 && attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+            kill(pid_of(&h), libc::SIGKILL);
+        }
+        stop_at_30(index)
+    });
+    let report = r.expect("the retry succeeds");
+    assert!(t0.elapsed() >= Duration::from_secs(1), "retried after 1 s");
+    assert_eq!(attempts.load(Ordering::SeqCst), 2, "one retry");
+    assert_eq!(h.spawns(), 2);
+    assert_eq!(report.codes, reference, "same take as without the crash");
+
+    // Dying on every attempt: one retry, then the error.
+    let kills = AtomicUsize::new(0);
+    let (r, _) = synthesize(&synth, &long_request(false), |index| {
+        if index == 0 {
+            kills.fetch_add(1, Ordering::SeqCst);
+            kill(pid_of(&h), libc::SIGKILL);
+        }
+    });
+    let err = r.expect_err("fails after one retry");
+    assert_eq!(kills.load(Ordering::SeqCst), 2, "exactly one retry");
+    assert_eq!(ApiError::from(err).status.as_u16(), 503);
+    assert_eq!(h.spawns(), 3);
+}
+
+#[test]
+fn a_stream_is_never_retried() {
+    let (synth, h) = retrying(Duration::from_secs(1));
+    let kills = AtomicUsize::new(0);
+    let (r, _) = synthesize(&synth, &long_request(true), |index| {
+        if index == 0 {
+            kills.fetch_add(1, Ordering::SeqCst);
+            kill(pid_of(&h), libc::SIGKILL);
+        }
+    });
+    let err = r.expect_err("a stream fails");
+    assert_eq!(kills.load(Ordering::SeqCst), 1, "no retry");
+    assert_eq!(h.spawns(), 1, "no new worker until the next request");
+    assert_eq!(ApiError::from(err).status.as_u16(), 503);
+    // The next stream gets a new worker.
+    let (r, bytes) = synthesize(&synth, &request(true), |_| {});
+    assert!(r.is_ok() && !bytes.is_empty());
+    assert_eq!(h.spawns(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The NPU environment, as the worker sees it
+
+struct Tree {
+    root: PathBuf,
+    venv: PathBuf,
+    xrt: PathBuf,
+}
+
+/// A fake RyzenAI venv and XRT tree; the provider "library" is an empty file, so registering
+/// it fails with ONNX Runtime's own error after the worker has reported its environment.
+fn fake_tree(tag: &str) -> Tree {
+    let root = common::tempdir(tag);
+    let venv = root.join("venv");
+    let xrt = root.join("xrt");
+    fs::create_dir_all(venv.join("deployment/lib")).expect("mkdir");
+    fs::write(venv.join("deployment/lib").join(PROVIDER_FILE), "").expect("provider");
+    fs::create_dir_all(xrt.join("lib")).expect("mkdir");
+    Tree { root, venv, xrt }
+}
+
+fn npu_inputs(t: &Tree, worker_exe: PathBuf) -> EnvInputs {
+    EnvInputs {
+        provider_declared: true,
+        ryzenai_root: Some(t.venv.clone()),
+        xrt_root_knob: Some(t.xrt.clone()),
+        xilinx_xrt: Some("/elsewhere/xrt".into()),
+        ld_library_path: Some("/usr/local/lib:/opt/other".into()),
+        worker_exe,
+    }
+}
+
+/// Starts an NPU worker over `inputs`; returns what it reported and the load error.
+fn npu_worker(t: &Tree, inputs: EnvInputs) -> (Vec<(String, Option<String>)>, EngineError) {
+    let mut cfg = cpu_config();
+    cfg.ort.device = Device::Npu;
+    cfg.env = inputs;
+    cfg.roots = SystemRoots::under(t.root.join("sys-root"));
+    let mut w = WorkerEngine::new(cfg);
+    let err = w.start().expect_err("no NPU here");
+    let hello = w.handle().hello().expect("the worker said hello");
+    (hello.env.into_iter().collect(), err)
+}
+
+fn expected(plan: &EnvPlan) -> Vec<(String, Option<String>)> {
+    let mut v: Vec<(String, Option<String>)> = plan
+        .vars()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), Some(v.to_string_lossy().into_owned())))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn the_npu_worker_gets_exactly_the_planned_environment() {
+    let t = fake_tree("worker-env");
+    // Provider in the venv; ONEBIT_XRT_ROOT beats $XILINX_XRT; the old search path last.
+    let inputs = npu_inputs(&t, common::bin());
+    let plan = worker_env(&inputs).expect("plan");
+    let EnvPlan::Set(w) = &plan else {
+        panic!("expected a plan")
+    };
+    assert!(!w.provider_beside_worker);
+    let (env, err) = npu_worker(&t, inputs);
+    assert_eq!(env, expected(&plan));
+    assert_eq!(
+        env[0].1.as_deref(),
+        Some(
+            format!(
+                "{}:{}:/usr/local/lib:/opt/other",
+                t.xrt.join("lib").display(),
+                t.venv.join("deployment/lib").display()
+            )
+            .as_str()
+        )
+    );
+    let msg = err.to_string();
+    let provider = t.venv.join("deployment/lib").join(PROVIDER_FILE);
+    assert!(
+        msg.contains("RyzenAI provider: registering the provider library")
+            && msg.contains(&provider.display().to_string()),
+        "{msg}"
+    );
+
+    // A worker with its own provider copy beside it: its directory before the venv.
+    let bin_dir = t.root.join("bin");
+    fs::create_dir_all(&bin_dir).expect("mkdir");
+    symlink(common::bin(), bin_dir.join("onebit-tts")).expect("symlink");
+    fs::write(bin_dir.join(PROVIDER_FILE), "").expect("provider copy");
+    let mut inputs = npu_inputs(&t, bin_dir.join("onebit-tts"));
+    inputs.xrt_root_knob = None;
+    let plan = worker_env(&inputs).expect("plan");
+    let (env, err) = npu_worker(&t, inputs);
+    assert_eq!(env, expected(&plan));
+    let ld = env[0].1.clone().expect("LD_LIBRARY_PATH");
+    assert!(
+        ld.starts_with(&format!(
+            "/elsewhere/xrt/lib:{}:{}",
+            bin_dir.display(),
+            t.venv.join("deployment/lib").display()
+        )),
+        "{ld}"
+    );
+    assert_eq!(
+        env[1],
+        (
+            "RYZENAI_EP_PATH".to_owned(),
+            Some(bin_dir.join(PROVIDER_FILE).display().to_string())
+        )
+    );
+    assert_eq!(env[2], ("XILINX_XRT".into(), Some("/elsewhere/xrt".into())));
+    assert!(
+        err.to_string()
+            .contains(&bin_dir.join(PROVIDER_FILE).display().to_string())
+    );
+
+    // The knob unset: the worker inherits this process's environment unchanged.
+    let mut inputs = npu_inputs(&t, common::bin());
+    inputs.ryzenai_root = None;
+    assert!(matches!(worker_env(&inputs), Ok(EnvPlan::Unchanged(_))));
+    let (env, _) = npu_worker(&t, inputs);
+    let ours: Vec<(String, Option<String>)> = ["LD_LIBRARY_PATH", "RYZENAI_EP_PATH", "XILINX_XRT"]
+        .iter()
+        .map(|k| {
+            (
+                (*k).to_owned(),
+                std::env::var_os(k).map(|v: OsString| v.to_string_lossy().into_owned()),
+            )
+        })
+        .collect();
+    assert_eq!(env, ours);
+    let _ = fs::remove_dir_all(&t.root);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line
+
+fn cli(args: &[&str], env: &[(&str, &Path)]) -> std::process::Output {
+    let mut cmd = Command::new(common::bin());
+    cmd.args(args)
+        .current_dir(common::repo())
+        .env_remove("ONEBIT_MODEL")
+        .env_remove("ONEBIT_RYZENAI_ROOT")
+        .env_remove("ONEBIT_DEVICE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run onebit-tts")
+}
+
+#[test]
+fn device_flags_fail_loudly_without_an_npu() {
+    let out = common::tempdir("worker-cli").join("out.wav");
+    let model = common::model(MODEL);
+    let base = [
+        "say",
+        "-q",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--voice",
+        "test",
+        "-o",
+        out.to_str().expect("utf-8"),
+    ];
+    // auto on a CPU package is cpu, which --require-npu refuses.
+    let mut args = base.to_vec();
+    args.extend(["--require-npu", "hello"]);
+    let o = cli(&args, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("--require-npu: the backbone would run on cpu (auto: the model does not declare the RyzenAI provider)"),
+        "{err}"
+    );
+    // --device npu with a fake venv: the worker starts, the provider cannot be registered,
+    // and the error says so in one line.
+    let t = fake_tree("worker-cli-npu");
+    let mut args = base.to_vec();
+    args.extend(["--device", "npu", "hello"]);
+    let o = cli(&args, &[("ONEBIT_RYZENAI_ROOT", &t.venv)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("RyzenAI provider"), "{err}");
+    assert!(!out.exists());
+    let _ = fs::remove_dir_all(&t.root);
+}
