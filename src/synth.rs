@@ -314,7 +314,10 @@ impl Synthesizer {
         let (ids, text, voice) = self.front.build_prompt(req)?;
         timings.front_end = t0.elapsed();
         let rate = self.package().codec.sample_rate;
+        // Setting up the encoder (LAME, libopus, ...) is part of encoding's cost.
+        let t = Instant::now();
         let mut pipeline = OutputPipeline::new(&req.output, rate)?;
+        timings.encode += t.elapsed();
         // Speaking rate of this voice: codes per character of its transcript.
         let ref_chars = voice.transcript.chars().count().max(1);
         let estimated_codes = (text.chars().count() * voice.codes.len()).div_ceil(ref_chars);
