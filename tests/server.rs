@@ -119,23 +119,48 @@ impl Engine for GatedEngine {
     }
 }
 
-/// A fresh tiny synthesizer whose engine waits on the returned gate (held from the start).
-fn gated_tiny() -> (Arc<Synthesizer>, Arc<Gate>) {
+/// A fresh tiny synthesizer whose engine is the real one wrapped by `wrap`.
+fn tiny_with(wrap: impl FnOnce(Box<dyn Engine>) -> Box<dyn Engine>) -> Arc<Synthesizer> {
     let cfg = synth_config("tiny");
     let front = FrontEnd::load(&cfg).unwrap();
     let engine = load_engine(&cfg, front.package()).unwrap();
     let env = onebit_tts::runtime::environment(None).unwrap();
     let codec = CodecDecoder::load(env, &front.package().codec, None).unwrap();
+    Arc::new(Synthesizer::from_parts(front, wrap(engine), codec))
+}
+
+/// A fresh tiny synthesizer whose engine waits on the returned gate (held from the start).
+fn gated_tiny() -> (Arc<Synthesizer>, Arc<Gate>) {
     let gate = Arc::new(Gate::default());
     gate.hold();
-    let engine = GatedEngine {
-        inner: engine,
-        gate: gate.clone(),
-    };
-    (
-        Arc::new(Synthesizer::from_parts(front, Box::new(engine), codec)),
-        gate,
-    )
+    let g = gate.clone();
+    let synth = tiny_with(move |inner| Box::new(GatedEngine { inner, gate: g }));
+    (synth, gate)
+}
+
+/// An engine that fails (or panics) on every request.
+struct BrokenEngine {
+    panics: bool,
+}
+
+impl Engine for BrokenEngine {
+    fn generate(
+        &mut self,
+        _: &Candidates,
+        _: &[u32],
+        _: &GenerationParams,
+        _: &CancelToken,
+        _: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Generation, EngineError> {
+        if self.panics {
+            panic!("simulated engine panic");
+        }
+        Err(EngineError::Runtime("simulated device failure".into()))
+    }
+
+    fn describe(&self) -> String {
+        "broken".into()
+    }
 }
 
 // ---- The server under test. ----
@@ -1093,6 +1118,56 @@ async fn shutdown_cancels_what_is_still_in_flight_after_the_grace() {
         "not before the grace"
     );
     gate.release();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_engine_answers_503_and_the_server_stays_up() {
+    for panics in [false, true] {
+        let s = Server::start(tiny_with(|_| Box::new(BrokenEngine { panics })), config()).await;
+        let c = client();
+        let what = if panics { "panic" } else { "error" };
+
+        let r = speak(&c, &s, &body(json!({"response_format": "wav"}))).await;
+        let msg = api_error(r, 503, None, Some("engine_unavailable")).await;
+        eprintln!("engine {what}: {msg}");
+        if !panics {
+            assert!(msg.contains("simulated device failure"), "{msg}");
+        }
+        // A stream that fails after its start ends with an error event.
+        let r = speak(
+            &c,
+            &s,
+            &body(json!({"response_format": "pcm", "stream_format": "sse"})),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let events = sse_events(&r.text().await.unwrap());
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0]["type"], "error");
+        assert_eq!(events[0]["error"]["code"], "engine_unavailable");
+        // A raw stream is aborted, so no client takes it for a whole file.
+        let r = speak(
+            &c,
+            &s,
+            &body(json!({"response_format": "pcm", "stream_format": "audio"})),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(
+            r.bytes().await.is_err(),
+            "a failed raw stream must not end cleanly"
+        );
+
+        // Still answering, and still refusing cleanly (after a panic the engine stays poisoned).
+        let h = c.get(s.url("/health")).send().await.unwrap();
+        assert_eq!(h.status(), StatusCode::OK);
+        let r = speak(&c, &s, &body(json!({"response_format": "wav"}))).await;
+        api_error(r, 503, None, Some("engine_unavailable")).await;
+        let text = metrics_text(&c, &s).await;
+        assert_eq!(metric(&text, "onebit_requests_total{status=\"503\"}"), 2.0);
+        assert_eq!(metric(&text, "onebit_running"), 0.0);
+        s.stop().await;
+    }
 }
 
 // ---- Load ----
