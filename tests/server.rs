@@ -829,6 +829,7 @@ async fn every_error_has_the_openai_shape_and_the_server_keeps_serving() {
     for path in ["/v1/nope", "/v1/audio/speech/extra", "/"] {
         let r = c.get(s.url(path)).send().await.unwrap();
         api_error(r, 404, None, Some("not_found")).await;
+        still_serving(&c, &s, &valid).await;
     }
     let r = c
         .post(s.url("/v1/chat/completions"))
@@ -837,6 +838,7 @@ async fn every_error_has_the_openai_shape_and_the_server_keeps_serving() {
         .await
         .unwrap();
     api_error(r, 404, None, Some("not_found")).await;
+    still_serving(&c, &s, &valid).await;
     let r = c.get(&speech).send().await.unwrap();
     api_error(r, 405, None, Some("method_not_allowed")).await;
     still_serving(&c, &s, &valid).await;
