@@ -572,7 +572,10 @@ impl Synthesizer {
             .plan(req, budget, req.generation.min_new_tokens)?;
         timings.front_end = t0.elapsed();
         let rate = self.package().codec.sample_rate;
+        // Setting up the encoder (LAME, libopus, ...) is part of encoding's cost.
+        let t = Instant::now();
         let mut pipeline = OutputPipeline::new(&req.output, rate)?;
+        timings.encode += t.elapsed();
         let estimated_codes = pieces.iter().map(|p| p.estimated_codes).sum();
         if sink(SynthEvent::Started {
             prompt_tokens: pieces.iter().map(|p| p.ids.len()).sum(),

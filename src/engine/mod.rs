@@ -226,6 +226,8 @@ pub fn generate(
     }
     let room = budget - prompt.len();
     let max_new = params.max_new_tokens.map_or(room, |m| m.min(room));
+    // Prefill time covers setting up the sampler and the KV state too.
+    let t0 = Instant::now();
     let mut sampler = Sampler::new(params.sampling, candidates.clone());
     let mut out = Generation {
         codes: Vec::new(),
@@ -240,7 +242,6 @@ pub fn generate(
         out.stop = StopReason::Cancelled;
         return Ok(out);
     }
-    let t0 = Instant::now();
     let logits = backbone.append(prompt)?;
     let mut next = sampler.sample(logits, params.min_new_tokens == 0)?;
     out.prefill = t0.elapsed();

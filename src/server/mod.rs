@@ -1,9 +1,10 @@
 //! The OpenAI-compatible HTTP server (`onebit-tts serve`). Only this module knows HTTP.
 //!
 //! One [`Synthesizer`] serves every request, one at a time, in arrival order: a FIFO gate in front
-//! of the engine, a bounded queue before it (full -> 429 with Retry-After), a per-request timeout,
-//! and cancellation when the client goes away, so generation stops within one code and the next
-//! request starts.
+//! of the engine and a bounded queue before it (full -> 429 with Retry-After). Each request has a
+//! deadline (504 when it passes) and is cancelled when its client goes away, so generation stops
+//! within one code and the next request starts. On shutdown the listener closes, in-flight requests
+//! get a grace period, then are cancelled, and [`serve_on`] returns once the engine is idle.
 
 mod errors;
 mod metrics;
@@ -11,7 +12,7 @@ mod metrics;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,8 +23,10 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
+use futures_util::StreamExt as _;
 use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
 
 pub use errors::ApiError;
 pub use metrics::Metrics;
@@ -33,6 +36,10 @@ use crate::engine::{CancelToken, GenerationParams, SamplingParams, StopReason};
 use crate::synth::{SpeechRequest, SynthEvent, SynthesisReport, Synthesizer};
 use crate::text::Language;
 
+/// How long cancelled requests get to wind down after the shutdown grace before [`serve_on`]
+/// stops waiting for their connections.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
 /// Server limits and knobs; every one is documented in docs/api.md.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -41,6 +48,7 @@ pub struct ServerConfig {
     pub queue_depth: usize,
     pub max_body_bytes: usize,
     pub max_input_chars: usize,
+    /// From arrival to the end of synthesis, queue wait included.
     pub request_timeout: Duration,
     /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
     pub shutdown_grace: Duration,
@@ -67,20 +75,51 @@ impl Default for ServerConfig {
 struct AppState {
     synth: Arc<Synthesizer>,
     cfg: ServerConfig,
+    /// Read once: asking the synthesizer takes the engine's lock, which a running request holds.
+    engine: String,
+    /// One permit: the engine. Tokio's semaphore is fair, so waiters run in arrival order.
     gate: Arc<Semaphore>,
     metrics: Metrics,
+    /// Requests admitted and not finished (waiting or running): the queue bound is on this.
+    admitted: AtomicUsize,
+    /// Cancel tokens of admitted requests, for shutdown.
     inflight: Mutex<HashMap<u64, CancelToken>>,
     next_id: AtomicU64,
+    shutting_down: AtomicBool,
+}
+
+impl AppState {
+    fn cancel_all(&self) -> usize {
+        let tokens: Vec<CancelToken> = self
+            .inflight
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        for t in &tokens {
+            t.cancel();
+        }
+        tokens.len()
+    }
+}
+
+/// `voice`: a name, or OpenAI's custom-voice object `{"id": NAME}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum VoiceField {
+    Name(String),
+    Object { id: String },
 }
 
 /// The request body of `POST /v1/audio/speech`: OpenAI's fields plus extensions.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SpeechBody {
+    /// Accepted for compatibility: the server has one model.
     #[serde(default)]
+    #[allow(dead_code)]
     model: Option<String>,
     input: String,
-    voice: String,
+    voice: VoiceField,
     #[serde(default)]
     response_format: Option<String>,
     #[serde(default)]
@@ -89,6 +128,7 @@ struct SpeechBody {
     stream_format: Option<String>,
     /// Accepted for compatibility; NeuTTS has no instruction input, so it is ignored.
     #[serde(default)]
+    #[allow(dead_code)]
     instructions: Option<String>,
     #[serde(default)]
     temperature: Option<f32>,
@@ -102,6 +142,9 @@ struct SpeechBody {
     language: Option<String>,
     #[serde(default)]
     sample_rate: Option<u32>,
+    /// Most codes to generate (50 per second of audio); the model's context bounds it too.
+    #[serde(default)]
+    max_new_tokens: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,11 +164,14 @@ pub fn router(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Router {
 
 fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<AppState>) {
     let state = Arc::new(AppState {
+        engine: synth.engine_description(),
         synth,
         gate: Arc::new(Semaphore::new(1)),
         metrics: Metrics::default(),
+        admitted: AtomicUsize::new(0),
         inflight: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(1),
+        shutting_down: AtomicBool::new(false),
         cfg,
     });
     let router = Router::new()
@@ -135,12 +181,21 @@ fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<AppState>) 
         .route("/health", get(health))
         .route("/metrics", get(metrics_route))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state.clone());
     (router, state)
 }
 
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such route").code("not_found")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "this route does not take that method",
+    )
+    .code("method_not_allowed")
 }
 
 async fn voices(State(st): State<Arc<AppState>>) -> Response {
@@ -155,30 +210,41 @@ async fn voices(State(st): State<Arc<AppState>>) -> Response {
     axum::Json(serde_json::json!({ "voices": voices })).into_response()
 }
 
-async fn models(State(st): State<Arc<AppState>>) -> Response {
-    let pkg = st.synth.package();
-    let id = pkg
+fn model_id(st: &AppState) -> String {
+    st.synth
+        .package()
         .dir
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("neutts-air")
-        .to_owned();
+        .to_owned()
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
     axum::Json(serde_json::json!({"object": "list", "data": [
-        {"id": id, "object": "model", "owned_by": "onebit-tts", "created": 0}
+        {"id": model_id(&st), "object": "model", "owned_by": "onebit-tts", "created": 0}
     ]}))
     .into_response()
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
-    axum::Json(serde_json::json!({
-        "status": "ok",
-        "ready": true,
+    let stopping = st.shutting_down.load(Ordering::SeqCst);
+    let body = axum::Json(serde_json::json!({
+        "status": if stopping { "shutting_down" } else { "ok" },
+        "ready": !stopping,
+        "model": model_id(&st),
         "device": st.cfg.device,
-        "engine": st.synth.engine_description(),
+        "engine": st.engine,
         "residency": st.synth.residency().map(|r| r.to_string()),
-        "queue_depth": st.metrics.queued.load(Ordering::Relaxed),
-    }))
-    .into_response()
+        "queue_depth": st.metrics.queued.load(Ordering::SeqCst),
+        "running": st.metrics.running.load(Ordering::SeqCst),
+    }));
+    let status = if stopping {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (status, body).into_response()
 }
 
 async fn metrics_route(State(st): State<Arc<AppState>>) -> Response {
@@ -189,47 +255,142 @@ async fn metrics_route(State(st): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// Keeps the queue count right whichever way a request ends.
-struct QueueTicket<'a>(&'a Metrics);
-impl Drop for QueueTicket<'_> {
-    fn drop(&mut self) {
-        self.0.queued.fetch_sub(1, Ordering::SeqCst);
+/// A place in the system (waiting or running) for one request. Dropping it, whichever way the
+/// request ends, frees the place and keeps the gauges right.
+struct Admission {
+    st: Arc<AppState>,
+    id: u64,
+    running: bool,
+}
+
+impl Admission {
+    /// `None` when one request runs and `queue_depth` already wait.
+    fn try_new(st: &Arc<AppState>, token: &CancelToken) -> Option<Self> {
+        let prev = st.admitted.fetch_add(1, Ordering::SeqCst);
+        if prev > st.cfg.queue_depth {
+            st.admitted.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        st.metrics.queued.fetch_add(1, Ordering::SeqCst);
+        let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut m) = st.inflight.lock() {
+            m.insert(id, token.clone());
+        }
+        Some(Self {
+            st: st.clone(),
+            id,
+            running: false,
+        })
+    }
+
+    fn start(&mut self) {
+        if !self.running {
+            self.running = true;
+            self.st.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+            self.st.metrics.running.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 
-/// Cancels a request's generation when its handler is dropped (the client went away).
-struct CancelOnDrop {
-    token: CancelToken,
-    id: u64,
-    state: Arc<AppState>,
-}
-impl Drop for CancelOnDrop {
+impl Drop for Admission {
     fn drop(&mut self) {
-        self.token.cancel();
-        if let Ok(mut m) = self.state.inflight.lock() {
+        if self.running {
+            self.st.metrics.running.fetch_sub(1, Ordering::SeqCst);
+        } else {
+            self.st.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Ok(mut m) = self.st.inflight.lock() {
             m.remove(&self.id);
         }
+        self.st.admitted.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-fn parse_body(
-    st: &AppState,
-    headers: &HeaderMap,
-    bytes: &[u8],
-) -> Result<(SpeechRequest, StreamFormat), ApiError> {
-    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-        let ct = ct.to_str().unwrap_or("");
-        if !ct
-            .trim_start()
-            .to_ascii_lowercase()
-            .starts_with("application/json")
-        {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                format!("the body must be JSON (Content-Type: application/json), got {ct:?}"),
-            ));
+/// Cancels a request's generation when the response (or the handler) is dropped: the client went
+/// away. A no-op once the generation has ended.
+struct CancelOnDrop(CancelToken);
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// Most bytes of an oversized body read and thrown away before the 413 is sent: a client that is
+/// still sending when the server closes would see a reset instead of the answer.
+const DRAIN_CAP: u64 = 1 << 20;
+
+/// Reads the body up to the limit: 413 past it, 400 when the client breaks off.
+async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = st.cfg.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {limit} bytes (max_body_bytes)"),
+        )
+        .code("body_too_large")
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut stream = body.into_data_stream();
+    if declared.is_some_and(|n| n > limit as u64) {
+        if declared.is_some_and(|n| n <= DRAIN_CAP) {
+            drain(&mut stream, 0).await;
+        }
+        return Err(too_large());
+    }
+    let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the body: {e}"),
+            )
+        })?;
+        if out.len() + chunk.len() > limit {
+            drain(&mut stream, (out.len() + chunk.len()) as u64).await;
+            return Err(too_large());
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Reads and drops the rest of a body, up to [`DRAIN_CAP`] bytes in all.
+async fn drain(stream: &mut axum::body::BodyDataStream, mut seen: u64) {
+    while seen <= DRAIN_CAP {
+        match stream.next().await {
+            Some(Ok(chunk)) => seen += chunk.len() as u64,
+            _ => return,
         }
     }
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    // A missing Content-Type is taken as JSON (curl -d without -H sends form encoding, which is
+    // named and refused).
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let ct = ct.to_str().unwrap_or("");
+    let mime = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        format!("the body must be JSON (Content-Type: application/json), got {ct:?}"),
+    )
+    .code("unsupported_media_type"))
+}
+
+fn parse_body(st: &AppState, bytes: &[u8]) -> Result<(SpeechRequest, StreamFormat), ApiError> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -237,13 +398,20 @@ fn parse_body(
         )
         .code("invalid_json")
     })?;
+    if !value.is_object() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the body must be a JSON object",
+        )
+        .code("invalid_type"));
+    }
     let body: SpeechBody = serde_json::from_value(value).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("invalid request body: {e}"),
         )
+        .code("invalid_type")
     })?;
-    let _ = (&body.model, &body.instructions);
 
     if body.input.trim().is_empty() {
         return Err(ApiError::bad("input", "input is empty").code("empty_input"));
@@ -253,20 +421,23 @@ fn parse_body(
         return Err(ApiError::bad(
             "input",
             format!(
-                "input has {chars} characters; the limit is {}",
+                "input has {chars} characters; the limit is {} (max_input_chars)",
                 st.cfg.max_input_chars
             ),
         )
         .code("input_too_long"));
     }
-    if let Err(e) = st.synth.voices().get(&body.voice) {
+    let voice = match body.voice {
+        VoiceField::Name(n) | VoiceField::Object { id: n } => n,
+    };
+    if let Err(e) = st.synth.voices().get(&voice) {
         return Err(ApiError::bad("voice", e.to_string()).code("unknown_voice"));
     }
     let format = match body.response_format.as_deref() {
         None => AudioFormat::Mp3,
-        Some(f) => f
-            .parse::<AudioFormat>()
-            .map_err(|e| ApiError::bad("response_format", e.to_string()))?,
+        Some(f) => f.parse::<AudioFormat>().map_err(|e| {
+            ApiError::bad("response_format", e.to_string()).code("unsupported_format")
+        })?,
     };
     let speed = body.speed.unwrap_or(1.0);
     crate::audio::check_speed(speed).map_err(|e| ApiError::bad("speed", e.to_string()))?;
@@ -299,17 +470,31 @@ fn parse_body(
         top_p: body.top_p.unwrap_or(defaults.top_p),
         seed: body.seed,
     };
-    sampling
-        .validate()
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
+    if let Err(e) = sampling.validate() {
+        let param = if e.starts_with("temperature") {
+            "temperature"
+        } else if e.starts_with("top_p") {
+            "top_p"
+        } else {
+            "top_k"
+        };
+        return Err(ApiError::bad(param, e));
+    }
+    if body.max_new_tokens == Some(0) {
+        return Err(ApiError::bad(
+            "max_new_tokens",
+            "max_new_tokens must be at least 1",
+        ));
+    }
     let req = SpeechRequest {
         text: body.input,
-        voice: body.voice,
+        voice,
         language,
         input_format: None,
         emotion: None,
         generation: GenerationParams {
             sampling,
+            max_new_tokens: body.max_new_tokens,
             ..GenerationParams::default()
         },
         output: OutputSpec {
@@ -327,9 +512,9 @@ enum Chunk {
     Done(Result<SynthesisReport, ApiError>),
 }
 
-async fn speech(State(st): State<Arc<AppState>>, headers: HeaderMap, request: Request) -> Response {
-    let result = speech_inner(st.clone(), headers, request).await;
-    match result {
+async fn speech(State(st): State<Arc<AppState>>, request: Request) -> Response {
+    let arrived = Instant::now();
+    match speech_inner(&st, arrived, request).await {
         Ok(r) => r,
         Err(e) => {
             st.metrics.request(e.status.as_u16());
@@ -339,55 +524,27 @@ async fn speech(State(st): State<Arc<AppState>>, headers: HeaderMap, request: Re
 }
 
 async fn speech_inner(
-    st: Arc<AppState>,
-    headers: HeaderMap,
+    st: &Arc<AppState>,
+    arrived: Instant,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let bytes: Bytes = axum::body::to_bytes(request.into_body(), st.cfg.max_body_bytes)
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the body is larger than {} bytes", st.cfg.max_body_bytes),
-            )
-        })?;
-    let (req, stream) = parse_body(&st, &headers, &bytes)?;
-
-    // Admission: one running plus `queue_depth` waiting.
-    let prev = st.metrics.queued.fetch_add(1, Ordering::SeqCst);
-    let ticket = QueueTicket(&st.metrics);
-    if prev > st.cfg.queue_depth {
-        drop(ticket);
-        return Err(ApiError::busy(st.cfg.retry_after_s, st.cfg.queue_depth));
+    let (parts, body) = request.into_parts();
+    check_content_type(&parts.headers)?;
+    let bytes = read_body(st, &parts.headers, body).await?;
+    let (req, stream) = parse_body(st, &bytes)?;
+    if st.shutting_down.load(Ordering::SeqCst) {
+        return Err(shutting_down());
     }
-    std::mem::forget(ticket);
 
-    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
     let token = CancelToken::new();
-    if let Ok(mut m) = st.inflight.lock() {
-        m.insert(id, token.clone());
-    }
-    let guard = CancelOnDrop {
-        token: token.clone(),
-        id,
-        state: st.clone(),
+    let Some(admission) = Admission::try_new(st, &token) else {
+        return Err(ApiError::busy(st.cfg.retry_after_s, st.cfg.queue_depth));
     };
-    let (tx, mut rx) = mpsc::channel::<Chunk>(32);
+    let guard = CancelOnDrop(token.clone());
+    let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
     let content_type = req.output.format.content_type();
-    spawn_job(st.clone(), req, token.clone(), tx);
-
-    // The timeout cancels the generation; what was made so far is still the response's end.
-    let timeout = st.cfg.request_timeout;
-    let timer_token = token.clone();
-    let timed_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let timed_out2 = timed_out.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(timeout).await;
-        if !timer_token.is_cancelled() {
-            timed_out2.store(true, Ordering::SeqCst);
-            timer_token.cancel();
-        }
-    });
+    let deadline = arrived + st.cfg.request_timeout;
+    tokio::spawn(run_job(st.clone(), req, token, tx, admission, deadline));
 
     match stream {
         StreamFormat::None => {
@@ -396,13 +553,6 @@ async fn speech_inner(
                 match rx.recv().await {
                     Some(Chunk::Bytes(b)) => body.extend_from_slice(&b),
                     Some(Chunk::Done(Ok(report))) => {
-                        if timed_out.load(Ordering::SeqCst) {
-                            return Err(ApiError::new(
-                                StatusCode::GATEWAY_TIMEOUT,
-                                format!("the request ran past the {} s timeout", timeout.as_secs()),
-                            )
-                            .code("timeout"));
-                        }
                         st.metrics.request(200);
                         drop(guard);
                         let mut r = Response::new(Body::from(body));
@@ -425,7 +575,7 @@ async fn speech_inner(
         StreamFormat::Audio | StreamFormat::Sse => {
             let sse = stream == StreamFormat::Sse;
             st.metrics.request(200);
-            let body_stream = async_stream(rx, guard, sse);
+            let body_stream = response_stream(rx, guard, sse);
             let mut r = Response::new(Body::from_stream(body_stream));
             let ct = if sse {
                 "text/event-stream"
@@ -443,13 +593,31 @@ async fn speech_inner(
     }
 }
 
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 fn add_report_headers(h: &mut HeaderMap, report: &SynthesisReport) {
+    let t = &report.timings;
     let pairs = [
         ("x-onebit-codes", report.codes.len().to_string()),
         ("x-onebit-seed", report.seed.to_string()),
         (
             "x-onebit-audio-seconds",
             format!("{:.3}", report.audio_seconds()),
+        ),
+        // Stage times of the synthesis (W3C Server-Timing, milliseconds).
+        (
+            "server-timing",
+            format!(
+                "front_end;dur={:.3}, prefill;dur={:.3}, decode;dur={:.3}, codec;dur={:.3}, encode;dur={:.3}, total;dur={:.3}",
+                ms(t.front_end),
+                ms(t.prefill),
+                ms(t.decode),
+                ms(t.codec),
+                ms(t.encode),
+                ms(t.total)
+            ),
         ),
     ];
     for (k, v) in pairs {
@@ -461,8 +629,8 @@ fn add_report_headers(h: &mut HeaderMap, report: &SynthesisReport) {
 
 /// The streamed body: raw bytes, or SSE events. Errors after the start end the stream: raw audio
 /// aborts the transfer (so a client never takes a cut file for a whole one), SSE sends an error event.
-fn async_stream(
-    rx: mpsc::Receiver<Chunk>,
+fn response_stream(
+    rx: mpsc::UnboundedReceiver<Chunk>,
     guard: CancelOnDrop,
     sse: bool,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
@@ -501,64 +669,121 @@ fn async_stream(
                     Some((Err(std::io::Error::other(e.message)), (None, None)))
                 }
             }
-            None => None,
+            None => Some((
+                Err(std::io::Error::other(
+                    "the synthesis job ended without a result",
+                )),
+                (None, None),
+            )),
         }
     })
 }
 
-/// Waits for the engine gate, then runs the synthesis on a blocking thread, sending chunks.
-fn spawn_job(st: Arc<AppState>, req: SpeechRequest, token: CancelToken, tx: mpsc::Sender<Chunk>) {
-    tokio::spawn(async move {
-        let permit = tokio::select! {
-            p = st.gate.clone().acquire_owned() => p,
-            _ = tx.closed() => return,
-        };
-        let Ok(permit) = permit else { return };
-        st.metrics.queued.fetch_sub(1, Ordering::SeqCst);
-        st.metrics.running.fetch_add(1, Ordering::SeqCst);
-        let st2 = st.clone();
-        let tx2 = tx.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            st2.synth.synthesize(&req, &token, &mut |ev| match ev {
-                SynthEvent::Audio(bytes) if !bytes.is_empty() => {
-                    if tx2.blocking_send(Chunk::Bytes(bytes.to_vec())).is_err() {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(())
-                    }
+fn shutting_down() -> ApiError {
+    ApiError::unavailable("the server is shutting down").code("shutting_down")
+}
+
+fn timed_out(timeout: Duration) -> ApiError {
+    ApiError::new(
+        StatusCode::GATEWAY_TIMEOUT,
+        format!(
+            "the request ran past the {:.3} s timeout (request_timeout)",
+            timeout.as_secs_f64()
+        ),
+    )
+    .code("timeout")
+}
+
+/// Waits for the engine, then runs the synthesis on a blocking thread, sending chunks. Ends early
+/// when the client goes away while waiting, and cancels the generation at the deadline.
+async fn run_job(
+    st: Arc<AppState>,
+    req: SpeechRequest,
+    token: CancelToken,
+    tx: mpsc::UnboundedSender<Chunk>,
+    mut admission: Admission,
+    deadline: Instant,
+) {
+    let timeout = st.cfg.request_timeout;
+    let permit = tokio::select! {
+        p = st.gate.clone().acquire_owned() => p,
+        _ = tx.closed() => return,
+        _ = tokio::time::sleep_until(deadline) => {
+            let _ = tx.send(Chunk::Done(Err(timed_out(timeout))));
+            return;
+        }
+    };
+    let Ok(permit) = permit else {
+        let _ = tx.send(Chunk::Done(Err(shutting_down())));
+        return;
+    };
+    if token.is_cancelled() {
+        // Cancelled while waiting: by shutdown (a gone client closes the channel instead).
+        let _ = tx.send(Chunk::Done(Err(shutting_down())));
+        return;
+    }
+    admission.start();
+    let st2 = st.clone();
+    let tx2 = tx.clone();
+    let token2 = token.clone();
+    let mut job = tokio::task::spawn_blocking(move || {
+        st2.synth.synthesize(&req, &token2, &mut |ev| match ev {
+            SynthEvent::Audio(bytes) if !bytes.is_empty() => {
+                if tx2.send(Chunk::Bytes(bytes.to_vec())).is_err() {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
                 }
-                _ => {
-                    if tx2.is_closed() {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(())
-                    }
+            }
+            _ => {
+                if tx2.is_closed() {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
                 }
-            })
+            }
         })
-        .await;
-        drop(permit);
-        st.metrics.running.fetch_sub(1, Ordering::SeqCst);
-        let done = match result {
-            Ok(Ok(report)) => {
-                st.metrics.generated(
-                    report.codes.len(),
-                    report.audio_seconds(),
-                    &report.timings,
-                    report.stop == StopReason::Cancelled,
-                );
+    });
+    let mut deadline_passed = false;
+    let result = tokio::select! {
+        r = &mut job => r,
+        _ = tokio::time::sleep_until(deadline) => {
+            deadline_passed = true;
+            token.cancel();
+            job.await
+        }
+    };
+    drop(permit);
+    let done = match result {
+        Ok(Ok(report)) => {
+            let cancelled = report.stop == StopReason::Cancelled;
+            st.metrics.generated(
+                report.codes.len(),
+                report.audio_seconds(),
+                &report.timings,
+                cancelled,
+            );
+            if deadline_passed && cancelled {
+                Err(timed_out(timeout))
+            } else if cancelled && st.shutting_down.load(Ordering::SeqCst) {
+                Err(shutting_down())
+            } else if cancelled {
+                // The client went away: nobody reads this.
+                Err(ApiError::unavailable("the request was cancelled").code("cancelled"))
+            } else {
                 Ok(report)
             }
-            Ok(Err(e)) => {
-                tracing::warn!("request failed: {e}");
-                Err(ApiError::from(e))
-            }
-            Err(e) => Err(ApiError::unavailable(format!(
-                "the synthesis job failed: {e}"
-            ))),
-        };
-        let _ = tx.send(Chunk::Done(done)).await;
-    });
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("request failed: {e}");
+            Err(ApiError::from(e))
+        }
+        Err(e) => Err(ApiError::unavailable(format!(
+            "the synthesis job failed: {e}"
+        ))),
+    };
+    drop(admission);
+    let _ = tx.send(Chunk::Done(done));
 }
 
 /// Runs the server until SIGINT/SIGTERM, then stops accepting, lets in-flight requests finish for
@@ -569,6 +794,11 @@ pub async fn serve(synth: Arc<Synthesizer>, cfg: ServerConfig) -> std::io::Resul
 }
 
 /// [`serve`] on a bound listener with any shutdown future (tests use loopback port 0).
+///
+/// When `shutdown` completes: the listener closes (new connections are refused), idle connections
+/// close, in-flight requests may finish within `shutdown_grace`; then they are cancelled (streams
+/// end with an error, whole responses get 503) and get [`SHUTDOWN_DRAIN`] to wind down. Returns
+/// once every connection is closed (or the drain is over) and the engine is idle.
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     synth: Arc<Synthesizer>,
@@ -578,35 +808,43 @@ pub async fn serve_on(
     let grace = cfg.shutdown_grace;
     let (app, state) = build(synth, cfg);
     tracing::info!(addr = %listener.local_addr()?, "listening");
+    let (fired_tx, mut fired_rx) = tokio::sync::watch::channel(false);
     let st = state.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!(
-                grace_s = grace.as_secs(),
-                "shutting down: no new connections; in-flight requests get the grace period"
-            );
-            tokio::spawn(async move {
-                tokio::time::sleep(grace).await;
-                let tokens: Vec<CancelToken> = st
-                    .inflight
-                    .lock()
-                    .map(|m| m.values().cloned().collect())
-                    .unwrap_or_default();
-                if !tokens.is_empty() {
-                    tracing::warn!(
-                        n = tokens.len(),
-                        "grace over: cancelling in-flight requests"
-                    );
-                }
-                for t in tokens {
-                    t.cancel();
-                }
-            });
-        })
-        .await?;
-    // The engine sessions go before the runtime: the last Arc of the synthesizer drops here, on
-    // a normal thread, and main returns after.
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown.await;
+        st.shutting_down.store(true, Ordering::SeqCst);
+        tracing::info!(
+            grace_s = grace.as_secs_f64(),
+            "shutting down: no new connections; in-flight requests get the grace period"
+        );
+        let _ = fired_tx.send(true);
+    });
+    let st = state.clone();
+    let overdue = async move {
+        if fired_rx.wait_for(|fired| *fired).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(grace).await;
+        let n = st.cancel_all();
+        if n > 0 {
+            tracing::warn!(n, "grace over: cancelling in-flight requests");
+        }
+        tokio::time::sleep(SHUTDOWN_DRAIN).await;
+    };
+    tokio::select! {
+        r = server.into_future() => r?,
+        _ = overdue => tracing::warn!("connections still open after the grace and drain; leaving them"),
+    }
+    // Nothing may start any more; what still runs (a request whose client left) is cancelled and
+    // stops within one code. Waiting for the gate means the engine is idle.
+    state.cancel_all();
+    match tokio::time::timeout(SHUTDOWN_DRAIN, state.gate.acquire()).await {
+        Ok(Ok(permit)) => drop(permit),
+        _ => tracing::warn!("the engine did not stop in time"),
+    }
+    state.gate.close();
+    // The engine sessions go before the runtime: the last Arc of the synthesizer drops when the
+    // caller drops its own, on a normal thread, and main returns after.
     drop(state);
     Ok(())
 }

@@ -1,0 +1,1288 @@
+//! The OpenAI-compatible server end to end: the real server (`server::serve_on`) on loopback port 0
+//! in this process, driven by reqwest for every route and error, the scheduler (queue, timeout,
+//! disconnect, shutdown) and a bounded load test.
+//!
+//! Synchronisation is on observable state only (responses, /metrics gauges and counters, refused
+//! connections), polled with bounded retries; no test sleeps to let something happen. Scheduler
+//! tests that need the engine busy for as long as they like use a gated engine: the real engine
+//! behind a latch the test opens, which also gives way to the request's cancel token.
+
+mod common;
+
+use std::io::Cursor;
+use std::net::SocketAddr;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use reqwest::{Client, Response, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use onebit_tts::codec::CodecDecoder;
+use onebit_tts::engine::{
+    CancelToken, Candidates, Engine, EngineError, Generation, GenerationParams,
+};
+use onebit_tts::server::{ServerConfig, serve_on};
+use onebit_tts::synth::{FrontEnd, SynthConfig, Synthesizer, load_engine};
+
+const TEXT: &str = "Hello world, this is a test.";
+const SAMPLES_PER_CODE: usize = 480;
+/// How long a bounded wait on observable state may take before the test fails.
+const WAIT: Duration = Duration::from_secs(60);
+
+// ---- Synthesizers: loaded once per test binary. ----
+
+fn synth_config(model: &str) -> SynthConfig {
+    SynthConfig {
+        package_dir: common::model(model),
+        voice_dirs: vec![common::repo().join("voices")],
+        ..SynthConfig::default()
+    }
+}
+
+/// The chain package: greedy decoding gives expect.json's code count.
+fn tiny() -> Arc<Synthesizer> {
+    static S: OnceLock<Arc<Synthesizer>> = OnceLock::new();
+    S.get_or_init(|| Arc::new(Synthesizer::load(&synth_config("tiny")).expect("load tiny")))
+        .clone()
+}
+
+/// Random weights: sampling with a seed gives a different take per seed, and it never runs out
+/// of things to say before max_new_tokens.
+fn tiny_random() -> Arc<Synthesizer> {
+    static S: OnceLock<Arc<Synthesizer>> = OnceLock::new();
+    S.get_or_init(|| {
+        Arc::new(Synthesizer::load(&synth_config("tiny-random")).expect("load tiny-random"))
+    })
+    .clone()
+}
+
+fn greedy_codes() -> usize {
+    common::expect("tiny")["test_voice_greedy_codes"]
+        .as_u64()
+        .unwrap() as usize
+}
+
+/// A latch in front of the engine: while held, generation waits (and gives way to cancellation,
+/// checked every few milliseconds as a real engine checks it every code).
+#[derive(Default)]
+struct Gate {
+    held: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn hold(&self) {
+        *self.held.lock().unwrap() = true;
+    }
+    fn release(&self) {
+        *self.held.lock().unwrap() = false;
+        self.cv.notify_all();
+    }
+    fn wait(&self, cancel: &CancelToken) {
+        let mut held = self.held.lock().unwrap();
+        while *held && !cancel.is_cancelled() {
+            held = self
+                .cv
+                .wait_timeout(held, Duration::from_millis(5))
+                .unwrap()
+                .0;
+        }
+    }
+}
+
+struct GatedEngine {
+    inner: Box<dyn Engine>,
+    gate: Arc<Gate>,
+}
+
+impl Engine for GatedEngine {
+    fn generate(
+        &mut self,
+        candidates: &Candidates,
+        prompt: &[u32],
+        params: &GenerationParams,
+        cancel: &CancelToken,
+        on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Generation, EngineError> {
+        self.gate.wait(cancel);
+        self.inner
+            .generate(candidates, prompt, params, cancel, on_code)
+    }
+
+    fn describe(&self) -> String {
+        format!("gated {}", self.inner.describe())
+    }
+}
+
+/// A fresh tiny synthesizer whose engine is the real one wrapped by `wrap`.
+fn tiny_with(wrap: impl FnOnce(Box<dyn Engine>) -> Box<dyn Engine>) -> Arc<Synthesizer> {
+    let cfg = synth_config("tiny");
+    let front = FrontEnd::load(&cfg).unwrap();
+    let engine = load_engine(&cfg, front.package()).unwrap();
+    let env = onebit_tts::runtime::environment(None).unwrap();
+    let codec = CodecDecoder::load(env, &front.package().codec, None).unwrap();
+    Arc::new(Synthesizer::from_parts(front, wrap(engine), codec))
+}
+
+/// A fresh tiny synthesizer whose engine waits on the returned gate (held from the start).
+fn gated_tiny() -> (Arc<Synthesizer>, Arc<Gate>) {
+    let gate = Arc::new(Gate::default());
+    gate.hold();
+    let g = gate.clone();
+    let synth = tiny_with(move |inner| Box::new(GatedEngine { inner, gate: g }));
+    (synth, gate)
+}
+
+/// An engine that fails (or panics) on every request.
+struct BrokenEngine {
+    panics: bool,
+}
+
+impl Engine for BrokenEngine {
+    fn generate(
+        &mut self,
+        _: &Candidates,
+        _: &[u32],
+        _: &GenerationParams,
+        _: &CancelToken,
+        _: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Generation, EngineError> {
+        if self.panics {
+            panic!("simulated engine panic");
+        }
+        Err(EngineError::Runtime("simulated device failure".into()))
+    }
+
+    fn describe(&self) -> String {
+        "broken".into()
+    }
+}
+
+// ---- The server under test. ----
+
+struct Server {
+    addr: SocketAddr,
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    task: Mutex<Option<JoinHandle<std::io::Result<()>>>>,
+}
+
+impl Server {
+    async fn start(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Arc<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve_on(listener, synth, cfg, async move {
+            let _ = stopped.await;
+        }));
+        Arc::new(Self {
+            addr,
+            stop: Mutex::new(Some(stop)),
+            task: Mutex::new(Some(task)),
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Completes the shutdown future given to `serve_on`.
+    fn trigger_shutdown(&self) {
+        if let Some(s) = self.stop.lock().unwrap().take() {
+            let _ = s.send(());
+        }
+    }
+
+    fn has_returned(&self) -> bool {
+        self.task
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_none_or(|t| t.is_finished())
+    }
+
+    /// Waits (bounded) for `serve_on` to return, and asserts it returned Ok.
+    async fn join(&self) {
+        let task = self.task.lock().unwrap().take().expect("joined once");
+        let r = tokio::time::timeout(WAIT, task)
+            .await
+            .expect("serve_on returns after shutdown");
+        r.unwrap().unwrap();
+    }
+
+    async fn stop(&self) {
+        self.trigger_shutdown();
+        self.join().await;
+    }
+}
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..ServerConfig::default()
+    }
+}
+
+/// A loopback client; the timeout turns a hang into a failure.
+fn client() -> Client {
+    Client::builder()
+        .no_proxy()
+        .timeout(2 * WAIT)
+        .build()
+        .unwrap()
+}
+
+/// A greedy request for the test voice with `extra` fields merged in (null removes a field).
+fn body(extra: Value) -> Value {
+    let mut b = json!({"model": "tiny", "voice": "test", "input": TEXT, "temperature": 0});
+    for (k, v) in extra.as_object().unwrap() {
+        if v.is_null() {
+            b.as_object_mut().unwrap().remove(k);
+        } else {
+            b[k] = v.clone();
+        }
+    }
+    b
+}
+
+async fn speak(c: &Client, s: &Server, body: &Value) -> Response {
+    c.post(s.url("/v1/audio/speech"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn header(r: &Response, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header"))
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn codes_header(r: &Response) -> usize {
+    header(r, "x-onebit-codes").parse().unwrap()
+}
+
+/// Samples of a WAV body: (rate, channels, samples).
+fn wav(bytes: &[u8]) -> (u32, u16, usize) {
+    let r = hound::WavReader::new(Cursor::new(bytes.to_vec())).expect("a valid WAV");
+    let s = r.spec();
+    assert_eq!(s.bits_per_sample, 16);
+    (s.sample_rate, s.channels, r.len() as usize)
+}
+
+/// Asserts an OpenAI-shaped error and returns its message.
+async fn api_error(r: Response, status: u16, param: Option<&str>, code: Option<&str>) -> String {
+    assert_eq!(r.status().as_u16(), status, "status");
+    assert!(
+        header(&r, "content-type").starts_with("application/json"),
+        "errors are JSON"
+    );
+    let v: Value = r.json().await.expect("error body is JSON");
+    let e = &v["error"];
+    let obj = e
+        .as_object()
+        .unwrap_or_else(|| panic!("no error object: {v}"));
+    for key in ["message", "type", "param", "code"] {
+        assert!(obj.contains_key(key), "error.{key} missing: {v}");
+    }
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    let ty = e["type"].as_str().unwrap();
+    let expected_type = match status {
+        429 => "rate_limit_error",
+        500..=599 => "server_error",
+        _ => "invalid_request_error",
+    };
+    assert_eq!(ty, expected_type, "{v}");
+    assert_eq!(e["param"].as_str(), param, "param of {v}");
+    if let Some(code) = code {
+        assert_eq!(e["code"].as_str(), Some(code), "code of {v}");
+    }
+    e["message"].as_str().unwrap().to_owned()
+}
+
+// ---- /metrics ----
+
+async fn metrics_text(c: &Client, s: &Server) -> String {
+    let r = c.get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    r.text().await.unwrap()
+}
+
+/// The value of one sample line (`name` includes labels, e.g. `x{status="200"}`); 0 when absent
+/// (a counter never incremented).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (n, v) = l.rsplit_once(' ')?;
+            (n == name).then(|| v.parse::<f64>().unwrap())
+        })
+        .unwrap_or(0.0)
+}
+
+/// Polls /metrics (bounded) until `name` satisfies `ok`; returns the whole text then.
+async fn wait_metric(c: &Client, s: &Server, name: &str, ok: impl Fn(f64) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        let text = metrics_text(c, s).await;
+        if ok(metric(&text, name)) {
+            return text;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "{name} never reached the expected value; last metrics:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+// ---- Audio checks ----
+
+/// Asserts that `bytes` is a valid `format` file of `samples` samples at `rate` (within `tol`).
+fn check_audio(format: &str, bytes: &[u8], rate: u32, samples: usize, tol: usize) {
+    let got = match format {
+        "wav" => {
+            let (r, ch, n) = wav(bytes);
+            assert_eq!((r, ch), (rate, 1), "wav spec");
+            n
+        }
+        "pcm" => {
+            assert_eq!(bytes.len() % 2, 0, "pcm is 16-bit");
+            bytes.len() / 2
+        }
+        "opus" => {
+            assert_eq!(&bytes[..4], b"OggS");
+            let (d, _, input_rate, _) = common::opus_decode(bytes);
+            assert_eq!(input_rate, rate);
+            // Decoded at 48 kHz.
+            let n = d.len() as u64 * u64::from(rate) / 48_000;
+            n as usize
+        }
+        "mp3" | "flac" => {
+            let (r, ch, d, _) = common::symphonia_decode(bytes, format);
+            assert_eq!((r, ch), (rate, 1), "{format} spec");
+            d.len()
+        }
+        other => panic!("no check for {other}"),
+    };
+    assert!(
+        got.abs_diff(samples) <= tol,
+        "{format}: {got} samples at {rate} Hz, expected {samples} ± {tol}"
+    );
+}
+
+// ---- Routes and formats ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speech_in_every_format_is_a_valid_file_of_the_greedy_length() {
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+    let codes = greedy_codes();
+    let samples = codes * SAMPLES_PER_CODE;
+    // (response_format, content type, tolerance in samples): MP3's gapless trim is exact to a frame.
+    let cases = [
+        (None, "audio/mpeg", 1152),
+        (Some("mp3"), "audio/mpeg", 1152),
+        (Some("opus"), "audio/ogg; codecs=opus", 0),
+        (Some("flac"), "audio/flac", 0),
+        (Some("wav"), "audio/wav", 0),
+        (Some("pcm"), "audio/pcm", 0),
+    ];
+    for (format, ct, tol) in cases {
+        let r = speak(&c, &s, &body(json!({"response_format": format}))).await;
+        assert_eq!(r.status(), StatusCode::OK, "{format:?}");
+        assert_eq!(header(&r, "content-type"), ct);
+        assert_eq!(codes_header(&r), codes, "greedy codes for {format:?}");
+        assert!(header(&r, "server-timing").contains("decode;dur="));
+        let bytes = r.bytes().await.unwrap();
+        check_audio(format.unwrap_or("mp3"), &bytes, 24_000, samples, tol);
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_format_audio_arrives_in_chunks() {
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+    let samples = greedy_codes() * SAMPLES_PER_CODE;
+    for format in ["pcm", "wav"] {
+        let mut r = speak(
+            &c,
+            &s,
+            &body(json!({"response_format": format, "stream_format": "audio"})),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(
+            r.headers().get("content-length").is_none(),
+            "a streamed body has no length up front"
+        );
+        let mut chunks = Vec::new();
+        while let Some(chunk) = r.chunk().await.unwrap() {
+            chunks.push(chunk);
+        }
+        assert!(
+            chunks.len() > 1,
+            "{format}: audio must leave in pieces, got {} chunk(s)",
+            chunks.len()
+        );
+        let all: Vec<u8> = chunks.concat();
+        let data = if format == "wav" {
+            // Streamed WAV: a header of unknown length, then the samples.
+            assert_eq!(&all[..4], b"RIFF");
+            assert_eq!(&all[8..16], b"WAVEfmt ");
+            assert_eq!(u32::from_le_bytes(all[24..28].try_into().unwrap()), 24_000);
+            assert_eq!(&all[36..40], b"data");
+            &all[44..]
+        } else {
+            &all[..]
+        };
+        assert_eq!(data.len(), samples * 2, "{format} sample bytes");
+    }
+    s.stop().await;
+}
+
+/// Splits an SSE body into its `data:` JSON events.
+fn sse_events(text: &str) -> Vec<Value> {
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let data = e
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .unwrap_or_else(|| panic!("event without data: {e:?}"));
+            serde_json::from_str(data).unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_format_sse_sends_deltas_then_done_with_usage() {
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+    let codes = greedy_codes();
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"response_format": "pcm", "stream_format": "sse"})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "content-type"), "text/event-stream");
+    let events = sse_events(&r.text().await.unwrap());
+    let (done, deltas) = events.split_last().unwrap();
+    assert!(deltas.len() > 1, "audio must come in several deltas");
+    let mut pcm = Vec::new();
+    for d in deltas {
+        assert_eq!(d["type"], "speech.audio.delta", "{d}");
+        pcm.extend(
+            base64::engine::general_purpose::STANDARD
+                .decode(d["audio"].as_str().unwrap())
+                .unwrap(),
+        );
+    }
+    assert_eq!(pcm.len(), codes * SAMPLES_PER_CODE * 2);
+    assert_eq!(done["type"], "speech.audio.done", "{done}");
+    let usage = &done["usage"];
+    assert_eq!(usage["output_tokens"].as_u64(), Some(codes as u64));
+    let input = usage["input_tokens"].as_u64().unwrap();
+    assert!(input > 0);
+    assert_eq!(usage["total_tokens"].as_u64(), Some(input + codes as u64));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sample_rate_and_speed_change_the_output() {
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+    let samples = greedy_codes() * SAMPLES_PER_CODE;
+
+    // 16 kHz: the same duration, two thirds of the samples.
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"response_format": "wav", "sample_rate": 16000})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let (rate, ch, n) = wav(&r.bytes().await.unwrap());
+    assert_eq!((rate, ch), (16_000, 1));
+    assert!(n.abs_diff(samples * 2 / 3) <= 2, "{n} samples at 16 kHz");
+
+    // Speed 2: half the duration (±2 %), same rate.
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"response_format": "wav", "speed": 2.0})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let (rate, _, n) = wav(&r.bytes().await.unwrap());
+    assert_eq!(rate, 24_000);
+    let half = samples as f64 / 2.0;
+    assert!(
+        (n as f64 - half).abs() <= 0.02 * half,
+        "speed 2: {n} samples for {samples} at speed 1"
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn voices_models_health_and_metrics() {
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+
+    let v: Value = c
+        .get(s.url("/v1/audio/voices"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let test = v["voices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "test")
+        .unwrap_or_else(|| panic!("voice test listed: {v}"));
+    assert_eq!(test["language"], "en-us");
+    assert!(test["reference_seconds"].as_f64().unwrap() > 0.0);
+
+    let m: Value = c
+        .get(s.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(m["object"], "list");
+    assert_eq!(m["data"][0]["id"], "tiny");
+    assert_eq!(m["data"][0]["object"], "model");
+
+    let r = c.get(s.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let h: Value = r.json().await.unwrap();
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["ready"], true);
+    assert_eq!(h["device"], "cpu");
+    assert!(!h["engine"].as_str().unwrap().is_empty());
+
+    // One request so the counters move.
+    let r = speak(&c, &s, &body(json!({"response_format": "wav"}))).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let codes = codes_header(&r);
+    r.bytes().await.unwrap();
+    let r = c.get(s.url("/metrics")).send().await.unwrap();
+    assert!(header(&r, "content-type").starts_with("text/plain"));
+    let text = r.text().await.unwrap();
+    for name in [
+        "onebit_requests_total",
+        "onebit_codes_generated_total",
+        "onebit_generations_cancelled_total",
+        "onebit_codes_per_second",
+        "onebit_rtf",
+        "onebit_time_to_first_audio_seconds_sum",
+        "onebit_queue_depth",
+        "onebit_running",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} ")),
+            "{name} in:\n{text}"
+        );
+    }
+    assert_eq!(metric(&text, "onebit_requests_total{status=\"200\"}"), 1.0);
+    assert_eq!(metric(&text, "onebit_codes_generated_total"), codes as f64);
+    assert_eq!(metric(&text, "onebit_generations_total"), 1.0);
+    assert_eq!(metric(&text, "onebit_generations_cancelled_total"), 0.0);
+    assert!(metric(&text, "onebit_codes_per_second") > 0.0);
+    assert!(metric(&text, "onebit_rtf") > 0.0);
+    assert_eq!(metric(&text, "onebit_queue_depth"), 0.0);
+    assert_eq!(metric(&text, "onebit_running"), 0.0);
+    s.stop().await;
+}
+
+// ---- Errors ----
+
+/// Extra fields, status, param, code, words the message must hold.
+type ErrorCase = (
+    Value,
+    u16,
+    Option<&'static str>,
+    Option<&'static str>,
+    Vec<&'static str>,
+);
+
+async fn still_serving(c: &Client, s: &Server, valid: &Value) {
+    let r = speak(c, s, valid).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(codes_header(&r), 8);
+    assert_eq!(r.bytes().await.unwrap().len(), 8 * SAMPLES_PER_CODE * 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_has_the_openai_shape_and_the_server_keeps_serving() {
+    let cfg = ServerConfig {
+        max_input_chars: 64,
+        max_body_bytes: 2048,
+        ..config()
+    };
+    let s = Server::start(tiny(), cfg).await;
+    let c = client();
+    let speech = s.url("/v1/audio/speech");
+    // A cheap valid request after every error.
+    let valid = body(json!({"response_format": "pcm", "max_new_tokens": 8}));
+
+    let cases: Vec<ErrorCase> = vec![
+        (
+            json!({"voice": "nobody"}),
+            400,
+            Some("voice"),
+            Some("unknown_voice"),
+            vec!["nobody", "test"],
+        ),
+        (
+            json!({"voice": {"id": "nobody"}}),
+            400,
+            Some("voice"),
+            Some("unknown_voice"),
+            vec!["nobody", "test"],
+        ),
+        (
+            json!({"input": ""}),
+            400,
+            Some("input"),
+            Some("empty_input"),
+            vec!["empty"],
+        ),
+        (
+            json!({"input": "   "}),
+            400,
+            Some("input"),
+            Some("empty_input"),
+            vec!["empty"],
+        ),
+        (
+            json!({"input": "a".repeat(65)}),
+            400,
+            Some("input"),
+            Some("input_too_long"),
+            vec!["65", "64"],
+        ),
+        (
+            json!({"response_format": "aac"}),
+            400,
+            Some("response_format"),
+            Some("unsupported_format"),
+            vec!["aac", "mp3, opus, flac, wav, pcm"],
+        ),
+        (
+            json!({"response_format": "ogg"}),
+            400,
+            Some("response_format"),
+            Some("unsupported_format"),
+            vec!["mp3, opus, flac, wav, pcm"],
+        ),
+        (
+            json!({"speed": 0.1}),
+            400,
+            Some("speed"),
+            None,
+            vec!["0.25"],
+        ),
+        (json!({"speed": 5}), 400, Some("speed"), None, vec!["4"]),
+        (
+            json!({"sample_rate": 4000}),
+            400,
+            Some("sample_rate"),
+            None,
+            vec!["4000"],
+        ),
+        (
+            json!({"temperature": -1}),
+            400,
+            Some("temperature"),
+            None,
+            vec!["temperature"],
+        ),
+        (json!({"top_p": 0}), 400, Some("top_p"), None, vec!["top_p"]),
+        (
+            json!({"stream_format": "chunks"}),
+            400,
+            Some("stream_format"),
+            None,
+            vec!["audio, sse"],
+        ),
+        (
+            json!({"language": "xx-yy"}),
+            400,
+            Some("language"),
+            None,
+            vec!["xx-yy"],
+        ),
+        (
+            json!({"max_new_tokens": 0}),
+            400,
+            Some("max_new_tokens"),
+            None,
+            vec!["max_new_tokens"],
+        ),
+        // Wrong types and missing or unknown fields: 422.
+        (
+            json!({"input": 5}),
+            422,
+            None,
+            Some("invalid_type"),
+            vec!["invalid type"],
+        ),
+        (
+            json!({"speed": "fast"}),
+            422,
+            None,
+            Some("invalid_type"),
+            vec!["invalid type"],
+        ),
+        (
+            json!({"voice": null}),
+            422,
+            None,
+            Some("invalid_type"),
+            vec!["voice"],
+        ),
+        (
+            json!({"volume": 3}),
+            422,
+            None,
+            Some("invalid_type"),
+            vec!["volume"],
+        ),
+    ];
+    for (extra, status, param, code, words) in cases {
+        let r = speak(&c, &s, &body(extra.clone())).await;
+        let msg = api_error(r, status, param, code).await;
+        for w in words {
+            assert!(msg.contains(w), "{extra}: {msg:?} lacks {w:?}");
+        }
+        still_serving(&c, &s, &valid).await;
+    }
+
+    // Body over max_body_bytes, with a Content-Length and chunked without one: 413.
+    let big = body(json!({"input": "word ".repeat(1000)}));
+    let r = c.post(&speech).json(&big).send().await.unwrap();
+    let msg = api_error(r, 413, None, Some("body_too_large")).await;
+    assert!(msg.contains("2048"), "{msg}");
+    still_serving(&c, &s, &valid).await;
+    let bytes = serde_json::to_vec(&big).unwrap();
+    let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
+        bytes.chunks(512).map(|c| Ok(c.to_vec())).collect();
+    let r = c
+        .post(&speech)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            pieces,
+        )))
+        .send()
+        .await
+        .unwrap();
+    api_error(r, 413, None, Some("body_too_large")).await;
+    still_serving(&c, &s, &valid).await;
+
+    // Not JSON by Content-Type: 415.
+    let r = c
+        .post(&speech)
+        .header("content-type", "text/plain")
+        .body(serde_json::to_vec(&valid).unwrap())
+        .send()
+        .await
+        .unwrap();
+    let msg = api_error(r, 415, None, Some("unsupported_media_type")).await;
+    assert!(msg.contains("text/plain"), "{msg}");
+    still_serving(&c, &s, &valid).await;
+
+    // Malformed JSON: 400; valid JSON that is not an object: 422.
+    for (raw, status, code) in [
+        (&b"{\"input\": "[..], 400, "invalid_json"),
+        (&b"not json"[..], 400, "invalid_json"),
+        (&b"[1, 2]"[..], 422, "invalid_type"),
+    ] {
+        let r = c
+            .post(&speech)
+            .header("content-type", "application/json")
+            .body(raw.to_vec())
+            .send()
+            .await
+            .unwrap();
+        api_error(r, status, None, Some(code)).await;
+        still_serving(&c, &s, &valid).await;
+    }
+
+    // Unknown routes: 404; a known route with the wrong method: 405.
+    for path in ["/v1/nope", "/v1/audio/speech/extra", "/"] {
+        let r = c.get(s.url(path)).send().await.unwrap();
+        api_error(r, 404, None, Some("not_found")).await;
+        still_serving(&c, &s, &valid).await;
+    }
+    let r = c
+        .post(s.url("/v1/chat/completions"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    api_error(r, 404, None, Some("not_found")).await;
+    still_serving(&c, &s, &valid).await;
+    let r = c.get(&speech).send().await.unwrap();
+    api_error(r, 405, None, Some("method_not_allowed")).await;
+    still_serving(&c, &s, &valid).await;
+
+    let text = metrics_text(&c, &s).await;
+    assert!(metric(&text, "onebit_requests_total{status=\"400\"}") >= 17.0);
+    assert_eq!(metric(&text, "onebit_requests_total{status=\"413\"}"), 2.0);
+    assert_eq!(metric(&text, "onebit_requests_total{status=\"415\"}"), 1.0);
+    s.stop().await;
+}
+
+// ---- Scheduler ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429_with_retry_after() {
+    let (synth, gate) = gated_tiny();
+    let cfg = ServerConfig {
+        queue_depth: 2,
+        retry_after_s: 3,
+        ..config()
+    };
+    let s = Server::start(synth, cfg).await;
+    let c = client();
+    let req = body(json!({"response_format": "wav"}));
+
+    // One running (held at the gate), then two waiting.
+    let spawn = |s: Arc<Server>| {
+        let (c, req) = (c.clone(), req.clone());
+        tokio::spawn(async move {
+            let r = speak(&c, &s, &req).await;
+            let status = r.status();
+            let codes = codes_header(&r);
+            (status, codes, r.bytes().await.unwrap())
+        })
+    };
+    let running = spawn(s.clone());
+    wait_metric(&c, &s, "onebit_running", |v| v == 1.0).await;
+    let waiting = [spawn(s.clone()), spawn(s.clone())];
+    let text = wait_metric(&c, &s, "onebit_queue_depth", |v| v == 2.0).await;
+    assert_eq!(metric(&text, "onebit_running"), 1.0);
+
+    // The next one is refused at once, with Retry-After; the health check still answers.
+    let r = speak(&c, &s, &req).await;
+    assert_eq!(header(&r, "retry-after"), "3");
+    let msg = api_error(r, 429, None, Some("queue_full")).await;
+    assert!(msg.contains("busy"), "{msg}");
+    let h = c.get(s.url("/health")).send().await.unwrap();
+    assert_eq!(h.status(), StatusCode::OK);
+    let h: Value = h.json().await.unwrap();
+    assert_eq!(
+        (h["queue_depth"].as_u64(), h["running"].as_u64()),
+        (Some(2), Some(1))
+    );
+
+    // Open the gate: all three admitted requests finish in full.
+    gate.release();
+    let samples = greedy_codes() * SAMPLES_PER_CODE;
+    for job in std::iter::once(running).chain(waiting) {
+        let (status, codes, bytes) = job.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(codes, greedy_codes());
+        check_audio("wav", &bytes, 24_000, samples, 0);
+    }
+    let text = metrics_text(&c, &s).await;
+    assert_eq!(metric(&text, "onebit_requests_total{status=\"429\"}"), 1.0);
+    assert_eq!(metric(&text, "onebit_requests_total{status=\"200\"}"), 3.0);
+    assert_eq!(metric(&text, "onebit_queue_depth"), 0.0);
+    assert_eq!(metric(&text, "onebit_running"), 0.0);
+
+    // A place is free again.
+    let r = speak(&c, &s, &req).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_timeout_answers_504_and_cancels_the_generation() {
+    let (synth, gate) = gated_tiny();
+    let cfg = ServerConfig {
+        request_timeout: Duration::from_millis(1500),
+        ..config()
+    };
+    let s = Server::start(synth, cfg).await;
+    let c = client();
+
+    // A is held inside the engine past its deadline, B waits behind it past its own: both 504.
+    let a = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move { speak(&c, &s, &body(json!({"response_format": "wav"}))).await })
+    };
+    wait_metric(&c, &s, "onebit_running", |v| v == 1.0).await;
+    let b = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move { speak(&c, &s, &body(json!({"response_format": "wav"}))).await })
+    };
+    for r in [a.await.unwrap(), b.await.unwrap()] {
+        let msg = api_error(r, 504, None, Some("timeout")).await;
+        assert!(msg.contains("1.500 s"), "{msg}");
+    }
+    // A's generation was cancelled at its deadline (B's too if it reached the engine before its
+    // own); none ran to the end.
+    let text = metrics_text(&c, &s).await;
+    let cancelled = metric(&text, "onebit_generations_cancelled_total");
+    assert!((1.0..=2.0).contains(&cancelled), "{text}");
+    assert_eq!(metric(&text, "onebit_generations_total"), cancelled);
+    assert_eq!(metric(&text, "onebit_codes_generated_total"), 0.0);
+    assert_eq!(metric(&text, "onebit_requests_total{status=\"504\"}"), 2.0);
+
+    // A stream past its deadline ends with an error event instead of speech.audio.done.
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"response_format": "pcm", "stream_format": "sse"})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let events = sse_events(&r.text().await.unwrap());
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "error", "{events:?}");
+    assert_eq!(last["error"]["code"], "timeout");
+    assert!(events.iter().all(|e| e["type"] != "speech.audio.done"));
+
+    // With the engine free, a request within the deadline goes through.
+    gate.release();
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"response_format": "pcm", "max_new_tokens": 5})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.bytes().await.unwrap().len(), 5 * SAMPLES_PER_CODE * 2);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_stream_cancels_its_generation() {
+    let s = Server::start(tiny_random(), config()).await;
+    let c = client();
+    let long = 3_500;
+    let mut r = speak(
+        &c,
+        &s,
+        &json!({"model": "tiny-random", "voice": "test", "input": TEXT, "seed": 1,
+                "response_format": "pcm", "stream_format": "audio", "max_new_tokens": long}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let first = r.chunk().await.unwrap().expect("first audio");
+    assert!(!first.is_empty());
+    drop(r);
+
+    // The generation stops early, and is counted as cancelled.
+    let text = wait_metric(&c, &s, "onebit_generations_cancelled_total", |v| v == 1.0).await;
+    let stopped_at = metric(&text, "onebit_codes_generated_total");
+    assert!(
+        stopped_at > 0.0 && stopped_at < long as f64,
+        "cancelled after {stopped_at} of {long} codes"
+    );
+    assert_eq!(metric(&text, "onebit_running"), 0.0);
+
+    // The next request runs, and it is the only thing generating codes now.
+    let r = speak(
+        &c,
+        &s,
+        &json!({"model": "tiny-random", "voice": "test", "input": TEXT, "seed": 2,
+                "response_format": "wav", "max_new_tokens": 100}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let codes = codes_header(&r);
+    check_audio(
+        "wav",
+        &r.bytes().await.unwrap(),
+        24_000,
+        codes * SAMPLES_PER_CODE,
+        0,
+    );
+    let text = metrics_text(&c, &s).await;
+    assert_eq!(
+        metric(&text, "onebit_codes_generated_total"),
+        stopped_at + codes as f64
+    );
+    assert_eq!(metric(&text, "onebit_generations_total"), 2.0);
+    assert_eq!(metric(&text, "onebit_generations_cancelled_total"), 1.0);
+    s.stop().await;
+}
+
+/// Polls (bounded) until a new TCP connection to `addr` is refused.
+async fn wait_refused(addr: SocketAddr) {
+    let start = Instant::now();
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(start.elapsed() < WAIT, "{addr} still accepts connections");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_an_in_flight_stream_finish_within_the_grace() {
+    let (synth, gate) = gated_tiny();
+    let s = Server::start(synth, config()).await;
+    let c = client();
+    let codes = greedy_codes();
+
+    // A stream is in flight (headers sent, the engine held) when shutdown begins.
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"response_format": "pcm", "stream_format": "sse"})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    wait_metric(&c, &s, "onebit_running", |v| v == 1.0).await;
+    s.trigger_shutdown();
+
+    // No new connections; then the engine goes on and the stream finishes whole.
+    wait_refused(s.addr).await;
+    assert!(
+        client().get(s.url("/health")).send().await.is_err(),
+        "a new request must not be served"
+    );
+    assert!(!s.has_returned(), "serve_on waits for the in-flight stream");
+    gate.release();
+    let events = sse_events(&r.text().await.unwrap());
+    let done = events.last().unwrap();
+    assert_eq!(done["type"], "speech.audio.done", "{events:?}");
+    assert_eq!(done["usage"]["output_tokens"].as_u64(), Some(codes as u64));
+    let audio: usize = events
+        .iter()
+        .filter(|e| e["type"] == "speech.audio.delta")
+        .map(|e| {
+            base64::engine::general_purpose::STANDARD
+                .decode(e["audio"].as_str().unwrap())
+                .unwrap()
+                .len()
+        })
+        .sum();
+    assert_eq!(audio, codes * SAMPLES_PER_CODE * 2);
+    s.join().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_what_is_still_in_flight_after_the_grace() {
+    let (synth, gate) = gated_tiny();
+    let cfg = ServerConfig {
+        shutdown_grace: Duration::from_millis(300),
+        ..config()
+    };
+    let s = Server::start(synth, cfg).await;
+    let c = client();
+
+    // A streams (held in the engine), B waits for the engine.
+    let a = speak(
+        &c,
+        &s,
+        &body(json!({"response_format": "pcm", "stream_format": "sse"})),
+    )
+    .await;
+    assert_eq!(a.status(), StatusCode::OK);
+    wait_metric(&c, &s, "onebit_running", |v| v == 1.0).await;
+    let b = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move { speak(&c, &s, &body(json!({"response_format": "wav"}))).await })
+    };
+    wait_metric(&c, &s, "onebit_queue_depth", |v| v == 1.0).await;
+
+    let started = Instant::now();
+    s.trigger_shutdown();
+    // The gate never opens: after the grace both are cancelled.
+    let events = sse_events(&a.text().await.unwrap());
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "error", "{events:?}");
+    assert_eq!(last["error"]["code"], "shutting_down");
+    assert!(events.iter().all(|e| e["type"] != "speech.audio.done"));
+    api_error(b.await.unwrap(), 503, None, Some("shutting_down")).await;
+    s.join().await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "not before the grace"
+    );
+    gate.release();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_engine_answers_503_and_the_server_stays_up() {
+    for panics in [false, true] {
+        let s = Server::start(tiny_with(|_| Box::new(BrokenEngine { panics })), config()).await;
+        let c = client();
+        let what = if panics { "panic" } else { "error" };
+
+        let r = speak(&c, &s, &body(json!({"response_format": "wav"}))).await;
+        let msg = api_error(r, 503, None, Some("engine_unavailable")).await;
+        eprintln!("engine {what}: {msg}");
+        if !panics {
+            assert!(msg.contains("simulated device failure"), "{msg}");
+        }
+        // A stream that fails after its start ends with an error event.
+        let r = speak(
+            &c,
+            &s,
+            &body(json!({"response_format": "pcm", "stream_format": "sse"})),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let events = sse_events(&r.text().await.unwrap());
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0]["type"], "error");
+        assert_eq!(events[0]["error"]["code"], "engine_unavailable");
+        // A raw stream is aborted, so no client takes it for a whole file.
+        let r = speak(
+            &c,
+            &s,
+            &body(json!({"response_format": "pcm", "stream_format": "audio"})),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(
+            r.bytes().await.is_err(),
+            "a failed raw stream must not end cleanly"
+        );
+
+        // Still answering, and still refusing cleanly (after a panic the engine stays poisoned).
+        let h = c.get(s.url("/health")).send().await.unwrap();
+        assert_eq!(h.status(), StatusCode::OK);
+        let r = speak(&c, &s, &body(json!({"response_format": "wav"}))).await;
+        api_error(r, 503, None, Some("engine_unavailable")).await;
+        let text = metrics_text(&c, &s).await;
+        assert_eq!(metric(&text, "onebit_requests_total{status=\"503\"}"), 2.0);
+        assert_eq!(metric(&text, "onebit_running"), 0.0);
+        s.stop().await;
+    }
+}
+
+// ---- Load ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_200_requests_from_32_clients_get_200_or_429_and_never_mix_bytes() {
+    const SEEDS: u64 = 8;
+    const REQUESTS: usize = 200;
+    const CLIENTS: usize = 32;
+    let started = Instant::now();
+    let cfg = ServerConfig {
+        queue_depth: 4,
+        ..config()
+    };
+    let s = Server::start(tiny_random(), cfg).await;
+    let c = client();
+    let req = |seed: u64| {
+        json!({"model": "tiny-random", "voice": "test", "input": TEXT, "seed": seed,
+               "response_format": "wav", "max_new_tokens": 60})
+    };
+
+    // The reference take of each seed, one request at a time.
+    let mut refs = Vec::new();
+    for seed in 0..SEEDS {
+        let r = speak(&c, &s, &req(seed)).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "x-onebit-seed"), seed.to_string());
+        let codes = codes_header(&r);
+        let bytes = r.bytes().await.unwrap();
+        check_audio("wav", &bytes, 24_000, codes * SAMPLES_PER_CODE, 0);
+        refs.push((codes, bytes));
+    }
+    let distinct: std::collections::HashSet<_> = refs.iter().map(|r| &r.1).collect();
+    assert_eq!(
+        distinct.len(),
+        SEEDS as usize,
+        "seeds must give distinct takes"
+    );
+    let refs = Arc::new(refs);
+
+    let next = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(CLIENTS));
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let (s, next, barrier, refs) = (s.clone(), next.clone(), barrier.clone(), refs.clone());
+        let c = client();
+        clients.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let (mut ok, mut busy) = (0usize, 0usize);
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= REQUESTS {
+                    return (ok, busy);
+                }
+                let seed = i as u64 % SEEDS;
+                let r = speak(&c, &s, &req(seed)).await;
+                match r.status().as_u16() {
+                    200 => {
+                        let (codes, bytes) = &refs[seed as usize];
+                        assert_eq!(codes_header(&r), *codes, "request {i} seed {seed}");
+                        let body = r.bytes().await.unwrap();
+                        assert!(
+                            body == bytes,
+                            "request {i} (seed {seed}): {} bytes differ from its reference take",
+                            body.len()
+                        );
+                        ok += 1;
+                    }
+                    429 => {
+                        let retry: u64 = header(&r, "retry-after").parse().unwrap();
+                        assert_eq!(retry, 1);
+                        api_error(r, 429, None, Some("queue_full")).await;
+                        busy += 1;
+                        // A well-behaved client honours Retry-After; without it the clients that
+                        // got a place would resend at once and the rest would only ever see 429.
+                        tokio::time::sleep(Duration::from_secs(retry)).await;
+                    }
+                    other => panic!("request {i}: status {other}: {}", r.text().await.unwrap()),
+                }
+            }
+        }));
+    }
+    let (mut ok, mut busy) = (0, 0);
+    for h in clients {
+        let (o, b) = h.await.unwrap();
+        ok += o;
+        busy += b;
+    }
+    eprintln!(
+        "load: {ok} x 200, {busy} x 429 of {REQUESTS} requests from {CLIENTS} clients; {:.1} s in all",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(ok + busy, REQUESTS);
+    assert!(ok >= CLIENTS.min(5), "only {ok} requests got through");
+    assert!(busy > 0, "a queue of 4 must turn some of 32 clients away");
+
+    let h = c.get(s.url("/health")).send().await.unwrap();
+    assert_eq!(h.status(), StatusCode::OK);
+    let text = metrics_text(&c, &s).await;
+    assert_eq!(metric(&text, "onebit_queue_depth"), 0.0);
+    assert_eq!(metric(&text, "onebit_running"), 0.0);
+    assert_eq!(
+        metric(&text, "onebit_requests_total{status=\"200\"}"),
+        (ok + SEEDS as usize) as f64
+    );
+    assert_eq!(
+        metric(&text, "onebit_requests_total{status=\"429\"}"),
+        busy as f64
+    );
+    assert_eq!(metric(&text, "onebit_generations_cancelled_total"), 0.0);
+    // Still serving.
+    let r = speak(&c, &s, &req(0)).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.bytes().await.unwrap() == refs[0].1);
+    s.stop().await;
+}
