@@ -3,6 +3,7 @@
 //! trip over later, and every error names the file and what was expected.
 
 pub mod genai;
+pub mod logits;
 pub mod vocab;
 
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use serde::Deserialize;
 use tokenizers::Tokenizer;
 
 pub use genai::GenaiConfig;
+pub use logits::{LOGITS_MANIFEST, LogitsManifest, SpeechHead};
 pub use vocab::{SPEECH_CODES, SpeechVocab, VocabError};
 
 use crate::prompt::InputFormat;
@@ -126,6 +128,9 @@ pub struct ModelPackage {
     pub stop_ids: Vec<u32>,
     pub input_format: InputFormat,
     pub codec: CodecPackage,
+    /// What `models optimize` changed about the logits (the default when the package has no
+    /// onebit_logits.json).
+    pub logits: LogitsManifest,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -224,6 +229,28 @@ impl ModelPackage {
             }
         }
 
+        let logits = LogitsManifest::load(dir)?;
+        if let Some(head) = &logits.speech_head {
+            let path = dir.join(LOGITS_MANIFEST);
+            let bad = |msg: String| PackageError::Invalid {
+                path: path.clone(),
+                msg,
+            };
+            head.validate(genai.model.vocab_size).map_err(bad)?;
+            if head.speech_first_id != vocab.first || head.speech_count != SPEECH_CODES {
+                return Err(bad(format!(
+                    "the speech head covers ids {}..+{} but the tokenizer's speech block is {}..+{SPEECH_CODES}",
+                    head.speech_first_id, head.speech_count, vocab.first
+                )));
+            }
+            if let Some(id) = stop_ids.iter().find(|&&id| head.position(id).is_none()) {
+                return Err(bad(format!(
+                    "stop id {id} has no row in the speech head (extra ids {:?}); the end of speech could never be sampled",
+                    head.extra_ids
+                )));
+            }
+        }
+
         let hf_path = dir.join("config.json");
         let input_format = if hf_path.exists() {
             let hf: HfConfig = read_json(&hf_path, "config.json")?;
@@ -251,6 +278,7 @@ impl ModelPackage {
             stop_ids,
             input_format,
             codec,
+            logits,
         })
     }
 
@@ -265,6 +293,7 @@ impl ModelPackage {
              decoder      {}\n\
              context      {} tokens (budget {} per sequence{})\n\
              vocab        {} logits; tokenizer {} tokens\n\
+             logits       {}\n\
              speech ids   {}..{} ({} codes), end {}\n\
              stop ids     {:?}\n\
              input format {}\n\
@@ -287,6 +316,7 @@ impl ModelPackage {
             },
             m.vocab_size,
             self.tokenizer.get_vocab_size(true),
+            self.logits.describe(m.vocab_size),
             self.vocab.first,
             self.vocab.speech_end_exclusive() - 1,
             SPEECH_CODES,
