@@ -4,6 +4,7 @@
 
 pub mod genai;
 pub mod logits;
+pub mod optimize;
 pub mod vocab;
 
 use std::path::{Path, PathBuf};
