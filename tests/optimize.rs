@@ -471,3 +471,40 @@ fn bad_inputs_get_clear_errors() {
     let e = ModelPackage::load(&liar, None).unwrap_err().to_string();
     assert!(e.contains("has no row in the speech head"), "{e}");
 }
+
+/// onnxruntime-genai's greedy ids for `prompts` on the package in `dir`, or its error text.
+fn oga(dir: &Path, prompts: &[Vec<u32>], stops: &[u32]) -> Result<Vec<Vec<u32>>, String> {
+    let py = common::repo().join(".onebit/venv/bin/python");
+    assert!(
+        py.exists(),
+        "run scripts/setup.sh (installs onnxruntime-genai into .onebit/venv)"
+    );
+    let mut child = Command::new(py)
+        .arg(common::repo().join("tests/python/oga_generate.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let req =
+        serde_json::json!({"model": dir, "prompts": prompts, "max_new": 60, "stop_ids": stops});
+    serde_json::to_writer(child.stdin.take().unwrap(), &req).unwrap();
+    let out = child.wait_with_output().unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    Ok(serde_json::from_value(v["outputs"].clone()).unwrap())
+}
+
+#[test]
+fn onnxruntime_genai_runs_the_last_position_package_but_not_the_speech_head() {
+    let (pkg, _) = load(&common::model("tiny-random"), KvMode::Growing);
+    let ps = prompts(&pkg);
+    let want = oga(&common::model("tiny-random"), &ps, &pkg.stop_ids).unwrap();
+    let got = oga(&optimized("tiny-random", LAST), &ps, &pkg.stop_ids).unwrap();
+    assert_eq!(got, want, "OGA handles [1, 1, V] logits in prefill");
+    // OGA samples by row index = token id over vocab_size rows: a compact head is ours alone.
+    let err = oga(&optimized("tiny-random", SPEECH), &ps, &pkg.stop_ids).unwrap_err();
+    assert!(err.contains("logits"), "{err}");
+}
