@@ -508,3 +508,38 @@ fn onnxruntime_genai_runs_the_last_position_package_but_not_the_speech_head() {
     let err = oga(&optimized("tiny-random", SPEECH), &ps, &pkg.stop_ids).unwrap_err();
     assert!(err.contains("logits"), "{err}");
 }
+
+#[test]
+fn say_on_the_optimized_package_writes_the_same_audio() {
+    // The whole pipeline (front end, Synthesizer candidates, engine, codec): seeded sampling on
+    // tiny-random, original vs both levers, byte for byte.
+    let base = common::tempdir("optimize-say");
+    let both = optimized("tiny-random", BOTH);
+    let mut wavs = Vec::new();
+    for (i, model) in [common::model("tiny-random"), both].iter().enumerate() {
+        let out = base.join(format!("{i}.wav"));
+        let o = Command::new(common::bin())
+            .args(["say", "-q", "--model"])
+            .arg(model)
+            .args([
+                "--voice",
+                "test",
+                "--seed",
+                "11",
+                "--max-new-tokens",
+                "90",
+                "-o",
+            ])
+            .arg(&out)
+            .arg("Sampling the same take twice.")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        wavs.push(std::fs::read(&out).unwrap());
+    }
+    assert!(wavs[0].len() > 44 + 480 * 2 * 10, "some audio");
+    assert!(
+        wavs[0] == wavs[1],
+        "the optimized package changed the audio"
+    );
+}
