@@ -15,7 +15,7 @@ use onebit_tts::engine::{
     CancelToken, DeviceChoice, GenerationParams, KvMode, OgaOptions, OrtOptions, SamplingParams,
 };
 use onebit_tts::metrics;
-use onebit_tts::package::ModelPackage;
+use onebit_tts::package::{ModelPackage, optimize};
 use onebit_tts::prompt::InputFormat;
 use onebit_tts::server::ServerConfig;
 use onebit_tts::synth::{
@@ -187,6 +187,19 @@ enum ModelsCmd {
         dir: PathBuf,
         #[arg(long)]
         codec: Option<PathBuf>,
+    },
+    /// Write a faster copy of a package: the lm_head projects the last position only and only
+    /// the speech ids and stop ids (a graph edit of the decoder ONNX; see docs).
+    Optimize {
+        src: PathBuf,
+        /// A new (or empty) directory.
+        dst: PathBuf,
+        /// Keep logits for every position (the prefill computes them all).
+        #[arg(long)]
+        no_last_position: bool,
+        /// Keep the head's full vocabulary.
+        #[arg(long)]
+        no_speech_head: bool,
     },
 }
 
@@ -611,7 +624,25 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let pkg = ModelPackage::load(&resolve_dir(&dir), codec.as_deref())?;
             println!("{}", pkg.summary());
-            Ok(())
+            check_head(&pkg)
+        }
+        Cmd::Models {
+            cmd:
+                ModelsCmd::Optimize {
+                    src,
+                    dst,
+                    no_last_position,
+                    no_speech_head,
+                },
+        } => {
+            let levers = optimize::Levers {
+                last_position: !no_last_position,
+                speech_head: !no_speech_head,
+            };
+            let report = optimize::optimize(&resolve_dir(&src), &dst, levers)?;
+            println!("{}", report.summary());
+            let pkg = ModelPackage::load(&dst, None)?;
+            check_head(&pkg)
         }
         Cmd::Voices {
             cmd:
@@ -946,6 +977,31 @@ fn oga_peer(
 }
 
 /// An error already reported on stdout (doctor's FAIL lines): exit 1 without an extra line.
+/// Prints the decoder's lm_head as the graph has it and checks it against onebit_logits.json.
+fn check_head(pkg: &ModelPackage) -> Result<()> {
+    let logits = &pkg.genai.model.decoder.outputs.logits;
+    match optimize::inspect(&pkg.decoder_path, logits) {
+        Ok(head) => {
+            println!("lm_head      {}", head.describe());
+            let want = pkg.logits.width(pkg.genai.model.vocab_size);
+            if head.n != want || head.last_position != pkg.logits.last_position_only {
+                bail!(
+                    "{}: the graph's lm_head ({}) does not match the package's logits ({})",
+                    pkg.decoder_path.display(),
+                    head.describe(),
+                    pkg.logits.describe(pkg.genai.model.vocab_size)
+                );
+            }
+            Ok(())
+        }
+        Err(e) if !pkg.logits.is_optimized() => {
+            println!("lm_head      not optimizable: {e}");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 #[derive(Debug)]
 struct Silent;
 impl std::fmt::Display for Silent {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 pub use device::{Device, DeviceChoice};
 pub use oga::{OgaBackbone, OgaLoadError, OgaOptions, OgaStep};
 pub use ort_engine::{KvMode, OrtBackbone, OrtOptions};
-pub use sampler::{Candidates, SampleError, Sampler, SamplingParams};
+pub use sampler::{Candidates, LogitsLayout, SampleError, Sampler, SamplingParams};
 pub use worker::{WorkerConfig, WorkerEngine, WorkerHandle};
 
 /// The vendor's minimum: the end token cannot win before 50 new codes.
@@ -92,9 +92,13 @@ impl CancelToken {
 pub trait Backbone: Send {
     /// Forgets the previous sequence.
     fn reset(&mut self);
-    /// Appends `tokens` to the sequence and returns the logits row of the last one (full vocabulary
-    /// width). The first call after `reset` is the prefill.
+    /// Appends `tokens` to the sequence and returns the logits row of the last one, laid out as
+    /// [`Backbone::logits_layout`] says. The first call after `reset` is the prefill.
     fn append(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError>;
+    /// Which token each logit of a row belongs to: index = id unless the model has a compact head.
+    fn logits_layout(&self) -> LogitsLayout {
+        LogitsLayout::Full
+    }
     /// Tokens the sequence already holds.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -228,7 +232,11 @@ pub fn generate(
     let max_new = params.max_new_tokens.map_or(room, |m| m.min(room));
     // Prefill time covers setting up the sampler and the KV state too.
     let t0 = Instant::now();
-    let mut sampler = Sampler::new(params.sampling, candidates.clone());
+    let mut sampler = Sampler::with_layout(
+        params.sampling,
+        candidates.clone(),
+        &backbone.logits_layout(),
+    )?;
     let mut out = Generation {
         codes: Vec::new(),
         stop: StopReason::Length,

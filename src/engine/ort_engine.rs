@@ -13,7 +13,7 @@ use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
 
 use super::device::{self, Device};
-use super::{Backbone, EngineError};
+use super::{Backbone, EngineError, LogitsLayout};
 use crate::package::genai::layer_name;
 use crate::package::{BackbonePackage, ModelPackage};
 
@@ -55,7 +55,9 @@ pub struct OrtBackbone {
     ids_i32: bool,
     kv_heads: usize,
     head_size: usize,
-    vocab: usize,
+    /// Logits per row, and which token each belongs to (a compact head in optimized packages).
+    width: usize,
+    layout: LogitsLayout,
     budget: usize,
     mode: KvMode,
     prefill_chunk: Option<usize>,
@@ -223,13 +225,48 @@ impl OrtBackbone {
                 KvMode::Growing
             });
         let budget = pkg.genai.token_budget();
+        let layout = match &pkg.logits.speech_head {
+            Some(h) => LogitsLayout::Speech(h.clone()),
+            None => LogitsLayout::Full,
+        };
+        let width = layout.width(pkg.genai.model.vocab_size);
+        // The manifest and the graph must agree: a width the graph declares is checked here, the
+        // rest on every run.
+        let dims = session
+            .outputs()
+            .iter()
+            .find(|o| o.name() == d.outputs.logits)
+            .and_then(|o| match o.dtype() {
+                ValueType::Tensor { shape, .. } => Some(shape.to_vec()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        if let Some(&w) = dims.last()
+            && w > 0
+            && w as usize != width
+        {
+            return Err(EngineError::Graph(format!(
+                "{path}: logits are {w} wide but the package says {width} ({})",
+                pkg.logits.describe(pkg.genai.model.vocab_size)
+            )));
+        }
         let desc = format!(
-            "ort {} ({} layers, {} KV, {}, {} on {})",
+            "ort {} ({} layers, {} KV, {}{}{}, {} on {})",
             crate::runtime::info().map_or("?", |i| i.version.as_str()),
             d.num_hidden_layers,
             match mode {
                 KvMode::Growing => "growing".to_owned(),
                 KvMode::Shared => format!("shared buffer of {budget}"),
+            },
+            if pkg.logits.speech_head.is_some() {
+                format!("speech head of {width}, ")
+            } else {
+                String::new()
+            },
+            if pkg.logits.last_position_only {
+                "last-position logits, "
+            } else {
+                ""
             },
             pkg.decoder_path
                 .file_name()
@@ -251,7 +288,8 @@ impl OrtBackbone {
             ids_i32,
             kv_heads: d.num_key_value_heads,
             head_size: d.head_size,
-            vocab: pkg.genai.model.vocab_size,
+            width,
+            layout,
             budget,
             mode,
             prefill_chunk: opts.prefill_chunk.filter(|&c| c > 0),
@@ -325,7 +363,7 @@ impl OrtBackbone {
                 let logits = outputs
                     .get(self.names.logits.as_str())
                     .ok_or_else(|| EngineError::Graph("run gave no logits".into()))?;
-                Self::last_row(logits, self.vocab, &mut self.logits)?;
+                Self::last_row(logits, self.width, &mut self.logits)?;
                 self.past = next;
             }
             KvMode::Shared => {
@@ -355,7 +393,7 @@ impl OrtBackbone {
                 let logits = outputs
                     .get(self.names.logits.as_str())
                     .ok_or_else(|| EngineError::Graph("run gave no logits".into()))?;
-                Self::last_row(logits, self.vocab, &mut self.logits)?;
+                Self::last_row(logits, self.width, &mut self.logits)?;
             }
         }
         self.len = total;
@@ -367,12 +405,13 @@ impl OrtBackbone {
         &self.providers
     }
 
-    fn last_row(logits: &DynValue, vocab: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
+    /// Copies the last row of `[1, S, width]` logits (`S` is 1 with last-position logits).
+    fn last_row(logits: &DynValue, expect: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
         let (shape, data) = logits.try_extract_tensor::<f32>()?;
         let width = shape.last().copied().unwrap_or(0) as usize;
-        if width != vocab || data.len() < width {
+        if width != expect || data.len() < width {
             return Err(EngineError::Graph(format!(
-                "logits shape {shape:?} does not end in vocab_size {vocab}"
+                "logits shape {shape:?} does not end in the head's width {expect}"
             )));
         }
         out.clear();
@@ -426,6 +465,10 @@ impl Backbone for OrtBackbone {
             return Err(e);
         }
         Ok(&self.logits)
+    }
+
+    fn logits_layout(&self) -> LogitsLayout {
+        self.layout.clone()
     }
 
     fn len(&self) -> usize {

@@ -11,6 +11,8 @@ use std::collections::BinaryHeap;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
+use crate::package::SpeechHead;
+
 /// User-facing sampling knobs (vendor defaults: temperature 1.0, top-k 50, sampling on).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
@@ -77,6 +79,46 @@ pub struct Candidates {
     pub stop_ids: Vec<u32>,
 }
 
+/// Where each id's logit sits in the row a backbone returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum LogitsLayout {
+    /// Row index = token id (the exporter's head).
+    #[default]
+    Full,
+    /// The compact speech-only head of an optimized package (see `onebit_logits.json`).
+    Speech(SpeechHead),
+}
+
+impl LogitsLayout {
+    /// The row index of token `id`.
+    pub fn position(&self, id: u32) -> Option<usize> {
+        match self {
+            LogitsLayout::Full => Some(id as usize),
+            LogitsLayout::Speech(h) => h.position(id),
+        }
+    }
+
+    /// Row width for a model of `vocab_size` ids.
+    pub fn width(&self, vocab_size: usize) -> usize {
+        match self {
+            LogitsLayout::Full => vocab_size,
+            LogitsLayout::Speech(h) => h.width(),
+        }
+    }
+
+    /// Where the ids `first..first + count` sit, if they are contiguous and in order.
+    fn block(&self, first: u32, count: u32) -> Option<usize> {
+        let at = self.position(first)?;
+        let last = self.position(first + count.checked_sub(1)?)?;
+        (last == at + count as usize - 1
+            && match self {
+                LogitsLayout::Full => true,
+                LogitsLayout::Speech(h) => last < h.speech_count as usize,
+            })
+        .then_some(at)
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Scored(f32, u32);
 
@@ -104,12 +146,19 @@ pub enum SampleError {
     ShortLogits { got: usize, need: usize },
     #[error("every allowed logit is NaN or -inf")]
     NoFiniteLogit,
+    #[error("token {id} has no logit in this model's head ({layout})")]
+    NotInHead { id: u32, layout: String },
 }
 
 /// A seeded sampler for one request.
 pub struct Sampler {
     params: SamplingParams,
     candidates: Candidates,
+    /// Row index of the first speech id, and of each stop id (in `candidates.stop_ids` order).
+    speech_at: usize,
+    stop_at: Vec<usize>,
+    /// Shortest row that holds every candidate.
+    need: usize,
     rng: StdRng,
     seed: u64,
     heap: BinaryHeap<std::cmp::Reverse<Scored>>,
@@ -122,16 +171,49 @@ fn fresh_seed() -> u64 {
 }
 
 impl Sampler {
+    /// A sampler over full-vocabulary rows (row index = token id).
     pub fn new(params: SamplingParams, candidates: Candidates) -> Self {
+        Self::with_layout(params, candidates, &LogitsLayout::Full)
+            .expect("every id has a row in the full layout")
+    }
+
+    /// A sampler over rows laid out as `layout` says; fails when a candidate has no row. The ids it
+    /// returns, its tie-breaking and its random draws are those of the full layout.
+    pub fn with_layout(
+        params: SamplingParams,
+        candidates: Candidates,
+        layout: &LogitsLayout,
+    ) -> Result<Self, SampleError> {
+        let missing = |id| SampleError::NotInHead {
+            id,
+            layout: format!("{layout:?}"),
+        };
+        let speech_at = layout
+            .block(candidates.speech_first, candidates.speech_count)
+            .ok_or_else(|| missing(candidates.speech_first))?;
+        let stop_at = candidates
+            .stop_ids
+            .iter()
+            .map(|&id| layout.position(id).ok_or_else(|| missing(id)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let need = stop_at
+            .iter()
+            .map(|&p| p + 1)
+            .chain([speech_at + candidates.speech_count as usize])
+            .max()
+            .unwrap_or(0);
         let seed = params.seed.unwrap_or_else(fresh_seed);
-        Self {
+        Ok(Self {
             params,
             candidates,
+            speech_at,
+            stop_at,
+            need,
             rng: StdRng::seed_from_u64(seed),
             seed,
             heap: BinaryHeap::new(),
             top: Vec::new(),
-        }
+        })
     }
 
     /// The seed in use (drawn when the request had none).
@@ -143,26 +225,18 @@ impl Sampler {
         if x.is_nan() { f32::NEG_INFINITY } else { x }
     }
 
-    /// Chooses the next id from `logits` (the full vocabulary row). `allow_stop` false masks the
-    /// stop ids (min-new-tokens).
+    /// Chooses the next id from `logits` (one row, laid out as the sampler was built for).
+    /// `allow_stop` false masks the stop ids (min-new-tokens).
     pub fn sample(&mut self, logits: &[f32], allow_stop: bool) -> Result<u32, SampleError> {
         let c = &self.candidates;
-        let speech_end = (c.speech_first + c.speech_count) as usize;
-        let need = c
-            .stop_ids
-            .iter()
-            .map(|&s| s as usize + 1)
-            .chain([speech_end])
-            .max()
-            .unwrap_or(speech_end);
-        if logits.len() < need {
+        if logits.len() < self.need {
             return Err(SampleError::ShortLogits {
                 got: logits.len(),
-                need,
+                need: self.need,
             });
         }
-        let speech = &logits[c.speech_first as usize..speech_end];
-        let stops = c.stop_ids.iter().filter(|_| allow_stop);
+        let speech = &logits[self.speech_at..self.speech_at + c.speech_count as usize];
+        let stops = c.stop_ids.iter().zip(&self.stop_at).filter(|_| allow_stop);
 
         if self.params.is_greedy() {
             let mut best = Scored(f32::NEG_INFINITY, u32::MAX);
@@ -172,8 +246,8 @@ impl Sampler {
                     best = s;
                 }
             }
-            for &id in stops {
-                let s = Scored(Self::clean(logits[id as usize]), id);
+            for (&id, &at) in stops {
+                let s = Scored(Self::clean(logits[at]), id);
                 if s > best {
                     best = s;
                 }
@@ -211,8 +285,8 @@ impl Sampler {
                 Scored(Self::clean(l), c.speech_first + i as u32),
             );
         }
-        for &id in stops {
-            push(&mut self.heap, Scored(Self::clean(logits[id as usize]), id));
+        for (&id, &at) in stops {
+            push(&mut self.heap, Scored(Self::clean(logits[at]), id));
         }
         self.top.clear();
         self.top.extend(self.heap.drain().map(|r| r.0));
@@ -358,6 +432,76 @@ mod tests {
         assert!(matches!(
             s.sample(&l, false),
             Err(SampleError::NoFiniteLogit)
+        ));
+    }
+
+    #[test]
+    fn a_compact_row_gives_the_same_ids_and_draws_as_the_full_row() {
+        let head = SpeechHead {
+            speech_first_id: 10,
+            speech_count: 100,
+            extra_ids: vec![5, 2],
+        };
+        let layout = LogitsLayout::Speech(head.clone());
+        for round in 0..4u64 {
+            let full: Vec<f32> = (0..120)
+                .map(|i| (((i as u64 * 37 + round * 11) % 23) as f32 * 0.3).sin() * 4.0)
+                .collect();
+            let compact: Vec<f32> = (0..head.width())
+                .map(|p| full[head.id_at(p).unwrap() as usize])
+                .collect();
+            for params in [
+                SamplingParams::greedy(),
+                SamplingParams {
+                    seed: Some(round),
+                    ..SamplingParams::default()
+                },
+                SamplingParams {
+                    top_k: 0,
+                    top_p: 0.8,
+                    seed: Some(round + 100),
+                    ..SamplingParams::default()
+                },
+            ] {
+                let mut a = Sampler::new(params, cands());
+                let mut b = Sampler::with_layout(params, cands(), &layout).unwrap();
+                for step in 0..50 {
+                    let allow = step % 3 != 0;
+                    assert_eq!(
+                        a.sample(&full, allow).unwrap(),
+                        b.sample(&compact, allow).unwrap()
+                    );
+                }
+            }
+            // The compact row is too short for the full layout's sampler, and vice versa it is
+            // the right width.
+            let mut a = Sampler::new(SamplingParams::greedy(), cands());
+            assert!(matches!(
+                a.sample(&compact, true),
+                Err(SampleError::ShortLogits { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn a_layout_without_a_candidate_is_refused() {
+        let layout = LogitsLayout::Speech(SpeechHead {
+            speech_first_id: 10,
+            speech_count: 100,
+            extra_ids: vec![5],
+        });
+        assert!(matches!(
+            Sampler::with_layout(SamplingParams::greedy(), cands(), &layout),
+            Err(SampleError::NotInHead { id: 2, .. })
+        ));
+        let shifted = LogitsLayout::Speech(SpeechHead {
+            speech_first_id: 11,
+            speech_count: 100,
+            extra_ids: vec![5, 2],
+        });
+        assert!(matches!(
+            Sampler::with_layout(SamplingParams::greedy(), cands(), &shifted),
+            Err(SampleError::NotInHead { id: 10, .. })
         ));
     }
 

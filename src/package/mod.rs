@@ -3,6 +3,8 @@
 //! trip over later, and every error names the file and what was expected.
 
 pub mod genai;
+pub mod logits;
+pub mod optimize;
 pub mod vocab;
 
 use std::path::{Path, PathBuf};
@@ -11,6 +13,7 @@ use serde::Deserialize;
 use tokenizers::Tokenizer;
 
 pub use genai::GenaiConfig;
+pub use logits::{LOGITS_MANIFEST, LogitsManifest, SpeechHead};
 pub use vocab::{SPEECH_CODES, SpeechVocab, VocabError};
 
 use crate::prompt::InputFormat;
@@ -126,6 +129,9 @@ pub struct ModelPackage {
     pub stop_ids: Vec<u32>,
     pub input_format: InputFormat,
     pub codec: CodecPackage,
+    /// What `models optimize` changed about the logits (the default when the package has no
+    /// onebit_logits.json).
+    pub logits: LogitsManifest,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -171,6 +177,8 @@ pub struct BackbonePackage {
     pub dir: PathBuf,
     pub genai: GenaiConfig,
     pub decoder_path: PathBuf,
+    /// What `models optimize` changed about the logits (the default without onebit_logits.json).
+    pub logits: LogitsManifest,
 }
 
 impl BackbonePackage {
@@ -196,10 +204,12 @@ impl BackbonePackage {
                 what: "the decoder ONNX model named by genai_config.json model.decoder.filename",
             });
         }
+        let logits = LogitsManifest::load(dir)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             genai,
             decoder_path,
+            logits,
         })
     }
 }
@@ -211,6 +221,7 @@ impl ModelPackage {
             dir: _,
             genai,
             decoder_path,
+            logits,
         } = BackbonePackage::load(dir)?;
         let config_path = dir.join("genai_config.json");
 
@@ -250,6 +261,27 @@ impl ModelPackage {
             }
         }
 
+        if let Some(head) = &logits.speech_head {
+            let path = dir.join(LOGITS_MANIFEST);
+            let bad = |msg: String| PackageError::Invalid {
+                path: path.clone(),
+                msg,
+            };
+            head.validate(genai.model.vocab_size).map_err(bad)?;
+            if head.speech_first_id != vocab.first || head.speech_count != SPEECH_CODES {
+                return Err(bad(format!(
+                    "the speech head covers ids {}..+{} but the tokenizer's speech block is {}..+{SPEECH_CODES}",
+                    head.speech_first_id, head.speech_count, vocab.first
+                )));
+            }
+            if let Some(id) = stop_ids.iter().find(|&&id| head.position(id).is_none()) {
+                return Err(bad(format!(
+                    "stop id {id} has no row in the speech head (extra ids {:?}); the end of speech could never be sampled",
+                    head.extra_ids
+                )));
+            }
+        }
+
         let hf_path = dir.join("config.json");
         let input_format = if hf_path.exists() {
             let hf: HfConfig = read_json(&hf_path, "config.json")?;
@@ -277,6 +309,7 @@ impl ModelPackage {
             stop_ids,
             input_format,
             codec,
+            logits,
         })
     }
 
@@ -286,6 +319,7 @@ impl ModelPackage {
             dir: self.dir.clone(),
             genai: self.genai.clone(),
             decoder_path: self.decoder_path.clone(),
+            logits: self.logits.clone(),
         }
     }
 
@@ -300,6 +334,7 @@ impl ModelPackage {
              decoder      {}\n\
              context      {} tokens (budget {} per sequence{})\n\
              vocab        {} logits; tokenizer {} tokens\n\
+             logits       {}\n\
              speech ids   {}..{} ({} codes), end {}\n\
              stop ids     {:?}\n\
              input format {}\n\
@@ -322,6 +357,7 @@ impl ModelPackage {
             },
             m.vocab_size,
             self.tokenizer.get_vocab_size(true),
+            self.logits.describe(m.vocab_size),
             self.vocab.first,
             self.vocab.speech_end_exclusive() - 1,
             SPEECH_CODES,
