@@ -243,12 +243,190 @@ enum VoicesCmd {
         #[arg(long, env = "ONEBIT_MODEL")]
         model: Option<PathBuf>,
     },
+    /// Clone a voice from reference audio through a NeuCodec encoder ONNX.
+    Add(AddArgs),
     /// Remove a voice from a voice directory.
     Remove {
         name: String,
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+}
+
+#[derive(Args)]
+struct AddArgs {
+    /// Voice name (letters, digits, '-', '_').
+    name: String,
+    /// Reference audio (wav, flac, mp3, ogg/vorbis; any rate, mono or stereo; 3-15 s is best).
+    #[arg(long)]
+    audio: PathBuf,
+    /// Exact transcript of the reference audio.
+    #[arg(long)]
+    text: String,
+    /// NeuCodec encoder ONNX: float32 [1,1,T] 16 kHz audio in, int codes [1,1,F] at 50/s out
+    /// (default: the `encoder` of the model's codec/codec.json).
+    #[arg(long, env = "ONEBIT_CODEC_ENCODER")]
+    encoder: Option<PathBuf>,
+    /// espeak language of the transcript: en-us, de, fr-fr, es.
+    #[arg(long, default_value = onebit_tts::voice::import::DEFAULT_LANGUAGE)]
+    language: String,
+    #[arg(long)]
+    license: Option<String>,
+    /// Replace a voice that already exists.
+    #[arg(long)]
+    force: bool,
+    /// Where to store it (default: the repo's voices/).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Model package whose codec.json may name the encoder; given explicitly, the reference is
+    /// also checked against its context budget.
+    #[arg(long, env = "ONEBIT_MODEL")]
+    model: Option<PathBuf>,
+    /// NeuCodec package directory (default: MODEL/codec).
+    #[arg(long, env = "ONEBIT_CODEC")]
+    codec: Option<PathBuf>,
+    /// Path of libonnxruntime.so (else ORT_DYLIB_PATH, the RyzenAI venv, .onebit/, python3's onnxruntime).
+    #[arg(long, env = "ONEBIT_ORT_LIB")]
+    ort_lib: Option<PathBuf>,
+    /// Intra-op threads of the encoder session (default: ONNX Runtime's).
+    #[arg(long, env = "ONEBIT_THREADS")]
+    threads: Option<usize>,
+}
+
+/// `voices add`: decode and resample the reference, encode it, save the voice.
+fn voices_add(a: AddArgs) -> Result<()> {
+    use onebit_tts::codec::encoder::{CodecEncoder, ENCODER_NEEDED, ENCODER_SAMPLE_RATE};
+    use onebit_tts::voice::{Voice, VoiceError, VoiceStore};
+
+    onebit_tts::voice::validate_name(&a.name)?;
+    if a.text.trim().is_empty() {
+        bail!("the transcript is empty: pass the exact words of the reference with --text");
+    }
+    let language = a
+        .language
+        .parse::<Language>()
+        .map_err(|e| anyhow::anyhow!("--language: {e}"))?
+        .as_str()
+        .to_owned();
+    let dir = a.dir.clone().unwrap_or_else(store_dir);
+    let target = dir.join(format!("{}.json", a.name));
+    if !a.force && target.exists() {
+        return Err(VoiceError::Exists(target).into());
+    }
+
+    let model_dir = a
+        .model
+        .as_deref()
+        .map(resolve_dir)
+        .unwrap_or_else(default_model);
+    let encoder = match a.encoder.clone() {
+        Some(e) => e,
+        None => {
+            let codec_dir = a
+                .codec
+                .as_deref()
+                .map(resolve_dir)
+                .unwrap_or_else(|| model_dir.join("codec"));
+            let pkg = onebit_tts::package::CodecPackage::load(&codec_dir).ok();
+            match pkg.and_then(|p| p.encoder) {
+                Some(e) => e,
+                None => bail!(
+                    "no encoder: neither --encoder, ONEBIT_CODEC_ENCODER nor an \"encoder\" in {} is set; {ENCODER_NEEDED}",
+                    codec_dir.join("codec.json").display()
+                ),
+            }
+        }
+    };
+
+    let audio = onebit_tts::audio::decode::decode_path(&a.audio)
+        .with_context(|| format!("{}", a.audio.display()))?;
+    if audio.sample_rate != ENCODER_SAMPLE_RATE {
+        bail!(
+            "{}: the audio stage gave {} Hz, the encoder needs {ENCODER_SAMPLE_RATE} Hz",
+            a.audio.display(),
+            audio.sample_rate
+        );
+    }
+    println!(
+        "audio:    {}: {:.2} s, {} Hz, {} channel{} -> {} samples at {} Hz mono; clipped {} of {} samples ({:.2}%)",
+        a.audio.display(),
+        audio.duration_secs,
+        audio.original_sample_rate,
+        audio.original_channels,
+        if audio.original_channels == 1 {
+            ""
+        } else {
+            "s"
+        },
+        audio.samples.len(),
+        audio.sample_rate,
+        audio.clipping.clipped_samples,
+        audio.clipping.total_samples,
+        audio.clipping.ratio() * 100.0
+    );
+    if audio.clipping.ratio() > 0.001 {
+        eprintln!(
+            "warning: {:.2}% of the reference is clipped; a distorted reference gives a distorted voice",
+            audio.clipping.ratio() * 100.0
+        );
+    }
+
+    let env = onebit_tts::runtime::environment(a.ort_lib.as_deref())?;
+    let mut enc = CodecEncoder::load(env, &encoder, a.threads)?;
+    let codes = enc.encode(&audio.samples)?;
+    println!(
+        "encoder:  {} -> {} codes ({:.2} s at 50 codes/s)",
+        encoder.display(),
+        codes.len(),
+        codes.len() as f32 / 50.0
+    );
+    if codes.is_empty() {
+        bail!(
+            "{}: the encoder gave no codes; the reference is too short",
+            a.audio.display()
+        );
+    }
+
+    let voice = Voice {
+        name: a.name.clone(),
+        language,
+        transcript: a.text.trim().to_owned(),
+        codes,
+        source: format!(
+            "encoded from {} with {}",
+            file_name(&a.audio),
+            file_name(&encoder)
+        ),
+        license: a.license.clone().unwrap_or_default(),
+    };
+    let warning = match a.model.as_deref().map(resolve_dir) {
+        Some(dir) => onebit_tts::voice::check_budget(
+            &voice,
+            ModelPackage::load(&dir, a.codec.as_deref())?
+                .genai
+                .token_budget(),
+        )?,
+        None => onebit_tts::voice::length_warning(&voice),
+    };
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
+    }
+    let path = VoiceStore::save(&dir, &voice, a.force)?;
+    println!(
+        "added {:<16} {:<6} {:>4} codes ({:.2} s) -> {}",
+        voice.name,
+        voice.language,
+        voice.codes.len(),
+        voice.seconds(),
+        path.display()
+    );
+    Ok(())
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| p.display().to_string())
 }
 
 fn default_model() -> PathBuf {
@@ -706,6 +884,9 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Voices {
+            cmd: VoicesCmd::Add(args),
+        } => voices_add(args),
+        Cmd::Voices {
             cmd: VoicesCmd::Remove { name, dir },
         } => {
             let path =
@@ -717,7 +898,7 @@ fn run(cli: Cli) -> Result<()> {
             let (extra, name) = match cmd {
                 VoicesCmd::List { voices } => (voices, None),
                 VoicesCmd::Show { name, voices } => (voices, Some(name)),
-                VoicesCmd::Import { .. } | VoicesCmd::Remove { .. } => {
+                VoicesCmd::Import { .. } | VoicesCmd::Add(_) | VoicesCmd::Remove { .. } => {
                     unreachable!("handled above")
                 }
             };

@@ -9,7 +9,7 @@ GroupQueryAttention with rotary caches, SkipSimplifiedLayerNormalization, SiLU M
 MatMulNBits lm_head), with weights chosen so that greedy decoding is predictable.
 
     python tools/gen_models.py --out DIR [--variant chain|random|textbias]
-                               [--real-shape] [--voice-out FILE]
+                               [--real-shape] [--voice-out FILE] [--encoder-out FILE]
 
 Variants (see tools/README.md):
   chain     after <|speech_c|> the greedy next token is <|speech_{c+1}|> (mod 65536);
@@ -794,6 +794,59 @@ def build_codec(path):
         f.write(model.SerializeToString(deterministic=True))
 
 
+ENC_RATE = 16000
+ENC_HOP = 320  # 16 kHz / 50 codes per second
+ENC_BITS = 16
+
+
+def build_encoder(path):
+    """A tiny NeuCodec-encoder-shaped model: audio float32 [B,1,T] at 16 kHz -> codes int32 [B,1,F].
+
+    F = floor((T + 160) / 320), i.e. T / 320 rounded to the nearest frame (16000 samples -> 50).
+    Each 320-sample frame is projected onto 16 fixed random vectors; code bit k is set when
+    projection k is positive, so codes lie in 0..65535 and silence encodes to 0.
+    """
+    r = rs("encoder", ENC_HOP, ENC_BITS)
+    proj = r.standard_normal((ENC_HOP, ENC_BITS)).astype(np.float32)
+    weights = (2.0 ** np.arange(ENC_BITS)).astype(np.float32)[:, None]  # [16,1]
+    g = Graph()
+    g.init("encoder.pad", np.array([0, 0, 0, 0, 0, ENC_HOP // 2], dtype=np.int64))
+    g.node("Pad", "/encoder/Pad", ["audio", "encoder.pad"], ["/encoder/Pad/output_0"], mode="constant")
+    g.node("Shape", "/encoder/Shape", ["/encoder/Pad/output_0"], ["/encoder/Shape/output_0"])
+    g.init("encoder.two", np.array([2], dtype=np.int64))
+    g.node("Gather", "/encoder/Gather", ["/encoder/Shape/output_0", "encoder.two"], ["/encoder/samples"], axis=0)
+    g.init("encoder.hop", np.array([ENC_HOP], dtype=np.int64))
+    g.node("Div", "/encoder/Div", ["/encoder/samples", "encoder.hop"], ["/encoder/frames"])
+    g.node("Mul", "/encoder/Mul", ["/encoder/frames", "encoder.hop"], ["/encoder/kept"])
+    g.init("encoder.zero", np.array([0], dtype=np.int64))
+    g.node("Slice", "/encoder/Slice", ["/encoder/Pad/output_0", "encoder.zero", "/encoder/kept", "encoder.two"],
+           ["/encoder/Slice/output_0"])
+    g.init("encoder.frame_shape", np.array([0, -1, ENC_HOP], dtype=np.int64))
+    g.node("Reshape", "/encoder/Reshape", ["/encoder/Slice/output_0", "encoder.frame_shape"], ["/encoder/framed"])
+    g.init("encoder.proj.weight", proj)
+    g.node("MatMul", "/encoder/proj/MatMul", ["/encoder/framed", "encoder.proj.weight"], ["/encoder/proj/output_0"])
+    g.init("encoder.threshold", np.array(0.0, dtype=np.float32))
+    g.node("Greater", "/encoder/bits/Greater", ["/encoder/proj/output_0", "encoder.threshold"], ["/encoder/bits/bool"])
+    g.node("Cast", "/encoder/bits/Cast", ["/encoder/bits/bool"], ["/encoder/bits/float"], to=TensorProto.FLOAT)
+    g.init("encoder.bit_weights", weights)
+    g.node("MatMul", "/encoder/bits/MatMul", ["/encoder/bits/float", "encoder.bit_weights"], ["/encoder/code_f"])
+    g.node("Cast", "/encoder/Cast", ["/encoder/code_f"], ["/encoder/code_i"], to=TensorProto.INT32)
+    g.init("encoder.out_shape", np.array([0, 1, -1], dtype=np.int64))
+    g.node("Reshape", "/encoder/out/Reshape", ["/encoder/code_i", "encoder.out_shape"], ["codes"])
+    graph = helper.make_graph(
+        g.nodes, "neucodec_encoder",
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", 1, "samples"])],
+        [helper.make_tensor_value_info("codes", TensorProto.INT32, ["batch", 1, "frames"])],
+        initializer=g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="onebit-tts tools/gen_models.py", producer_version="1")
+    model.ir_version = 8
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString(deterministic=True))
+
+
 # ---------------------------------------------------------------------------------------
 # Configs, voice, main
 # ---------------------------------------------------------------------------------------
@@ -900,7 +953,7 @@ def write_json(path, obj, indent=4):
         f.write("\n")
 
 
-def generate(out, variant="chain", real_shape=False):
+def generate(out, variant="chain", real_shape=False, encoder=None):
     shape = dict(REAL if real_shape else TINY)
     os.makedirs(out, exist_ok=True)
     os.makedirs(os.path.join(out, "codec"), exist_ok=True)
@@ -925,8 +978,10 @@ def generate(out, variant="chain", real_shape=False):
         os.remove(data)
     build_decoder(shape, W, ids, os.path.join(out, "model.onnx"), shape["external_data"])
     build_codec(os.path.join(out, "codec", "model.onnx"))
-    write_json(os.path.join(out, "codec", "codec.json"),
-               {"sample_rate": SAMPLE_RATE, "hop_length": HOP, "decoder": "model.onnx"}, indent=2)
+    codec_json = {"sample_rate": SAMPLE_RATE, "hop_length": HOP, "decoder": "model.onnx"}
+    if encoder is not None:
+        codec_json["encoder"] = encoder
+    write_json(os.path.join(out, "codec", "codec.json"), codec_json, indent=2)
 
     expect = {
         "generator": "tools/gen_models.py",
@@ -984,17 +1039,29 @@ def main(argv=None):
     ap.add_argument("--real-shape", action="store_true",
                     help="Qwen2-0.5B / NeuTTS-air shape (about 1.1 GB; for benchmarks, never commit)")
     ap.add_argument("--voice-out", help="also write the test voice JSON here")
+    ap.add_argument("--encoder-out",
+                    help="also write a tiny NeuCodec-encoder-shaped ONNX here (16 kHz float [B,1,T] -> "
+                         "int32 codes [B,1,F], 320 samples per code); inside OUT/codec it is also "
+                         "declared as the package's encoder in codec.json")
     a = ap.parse_args(argv)
-    if not a.out and not a.voice_out:
-        ap.error("nothing to do: give --out and/or --voice-out")
+    if not a.out and not a.voice_out and not a.encoder_out:
+        ap.error("nothing to do: give --out, --voice-out and/or --encoder-out")
+    encoder_in_package = None
+    if a.out and a.encoder_out:
+        codec_dir = os.path.abspath(os.path.join(a.out, "codec"))
+        if os.path.dirname(os.path.abspath(a.encoder_out)) == codec_dir:
+            encoder_in_package = os.path.basename(a.encoder_out)
     if a.out:
-        e = generate(a.out, a.variant, a.real_shape)
+        e = generate(a.out, a.variant, a.real_shape, encoder_in_package)
         print("wrote %s: variant %s, vocab_size %d, speech ids %d..%d, END %d%s" % (
             a.out, a.variant, e["vocab_size"], e["speech_first_id"], e["speech_first_id"] + N_SPEECH - 1,
             e["speech_end_id"], ", end_after_code %d" % e["end_after_code"] if "end_after_code" in e else ""))
     if a.voice_out:
         write_voice(a.voice_out)
         print("wrote %s" % a.voice_out)
+    if a.encoder_out:
+        build_encoder(a.encoder_out)
+        print("wrote %s" % a.encoder_out)
 
 
 if __name__ == "__main__":

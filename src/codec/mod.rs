@@ -1,8 +1,10 @@
-//! NeuCodec decoding: speech codes -> 24 kHz mono samples through the decoder ONNX.
+//! NeuCodec decoding: speech codes -> 24 kHz mono samples through the decoder ONNX; [`encoder`]
+//! goes the other way (16 kHz audio -> codes) for cloning voices.
 //!
 //! The decoder session is loaded once and reused for every request. Its contract is checked at load
 //! with a one-frame probe, so a wrong model fails at startup rather than on the first request.
 
+pub mod encoder;
 pub mod stream;
 
 use ort::session::Session;
@@ -18,6 +20,8 @@ pub enum CodecError {
     Runtime(String),
     #[error("code {0} is outside 0..65535")]
     CodeOutOfRange(u32),
+    #[error("the encoder gave code {code} at index {index}, outside 0..65535")]
+    EncodedOutOfRange { index: usize, code: i64 },
 }
 
 impl From<ort::Error<ort::session::builder::SessionBuilder>> for CodecError {
