@@ -960,6 +960,10 @@ struct BenchArgs {
     /// With --engine-only: run onnxruntime-genai's own loop on the same prompts in the same run.
     #[arg(long)]
     peers: bool,
+    /// The package the peer runs (default: --model). onnxruntime-genai cannot run a speech-only
+    /// head, so compare an optimized package against its source here.
+    #[arg(long)]
+    peer_model: Option<PathBuf>,
     /// Sampling temperature of the synthesis runs (vendor default 1.0; 0 is greedy).
     #[arg(long, default_value_t = 1.0)]
     temperature: f32,
@@ -1012,8 +1016,13 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
         )?;
         let peers = if args.peers {
             bar.set_message("onnxruntime-genai (peer) on the same prompts");
+            let peer_dir = args
+                .peer_model
+                .as_deref()
+                .map(resolve_dir)
+                .unwrap_or_else(|| pkg.dir.clone());
             Some(oga_peer(
-                &pkg.dir,
+                &peer_dir,
                 &candidates,
                 &text_ids,
                 &lens,
@@ -1058,12 +1067,16 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
                 ),
                 None => ("-".into(), "-".into(), "-".into()),
             };
+            // Stat's Display ignores width, so each cell is formatted first, then padded.
+            let cell = |st: onebit_tts::bench::Stat, p: usize| {
+                format!("{:.p$} ± {:.p$}", st.median, st.half_range)
+            };
             println!(
-                "{:>7} {:>18.1} {:>18.0} {:>20.1} {:>20} {:>9} {:>9}",
+                "{:>7} {:>18} {:>18} {:>20} {:>20} {:>9} {:>9}",
                 r.prompt_tokens,
-                r.prefill_ms,
-                r.prefill_tok_per_s,
-                r.decode_codes_per_s,
+                cell(r.prefill_ms, 1),
+                cell(r.prefill_tok_per_s, 0),
+                cell(r.decode_codes_per_s, 1),
                 oga_dec,
                 ratio_dec,
                 ratio_pre
