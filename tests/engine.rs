@@ -39,25 +39,8 @@ fn greedy(min_new: usize, max_new: Option<usize>) -> GenerationParams {
     }
 }
 
-/// Prompts of text ids, specials and speech codes, ending in a speech code.
 fn prompts(pkg: &ModelPackage) -> Vec<Vec<u32>> {
-    let v = &pkg.vocab;
-    let text: Vec<u32> = pkg
-        .tokenizer
-        .encode("hello wörld, ðə kwˈɪk bɹˈaʊn fˈɑːks", false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
-    let mut out = Vec::new();
-    for (n_codes, first_code) in [(5u32, 1000u32), (40, 20_000), (300, 65_400)] {
-        let mut p = vec![v.text_prompt_start];
-        p.extend(&text);
-        p.push(v.text_prompt_end);
-        p.push(v.generation_start);
-        p.extend((0..n_codes).map(|i| v.code_to_id((first_code + i * 7) % SPEECH_CODES)));
-        out.push(p);
-    }
-    out
+    common::speech_prompts(pkg, common::PROMPT_SPECS)
 }
 
 fn run(
@@ -66,10 +49,7 @@ fn run(
     prompt: &[u32],
     p: &GenerationParams,
 ) -> engine::Generation {
-    engine::generate(b, c, prompt, p, &CancelToken::new(), &mut |_| {
-        ControlFlow::Continue(())
-    })
-    .unwrap()
+    common::generate_all(b, c, prompt, p)
 }
 
 #[test]

@@ -64,25 +64,9 @@ fn optimized(model: &str, levers: Levers) -> PathBuf {
     dst
 }
 
-/// Prompts of text ids, specials and speech codes, ending in a speech code.
+/// The shared prompt shapes plus a one-code reference.
 fn prompts(pkg: &ModelPackage) -> Vec<Vec<u32>> {
-    let v = &pkg.vocab;
-    let text: Vec<u32> = pkg
-        .tokenizer
-        .encode("hello wörld, ðə kwˈɪk bɹˈaʊn fˈɑːks", false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
-    let mut out = Vec::new();
-    for (n_codes, first_code) in [(1u32, 150u32), (5, 1000), (40, 20_000), (300, 65_400)] {
-        let mut p = vec![v.text_prompt_start];
-        p.extend(&text);
-        p.push(v.text_prompt_end);
-        p.push(v.generation_start);
-        p.extend((0..n_codes).map(|i| v.code_to_id((first_code + i * 7) % SPEECH_CODES)));
-        out.push(p);
-    }
-    out
+    common::speech_prompts(pkg, &[(1, 150), (5, 1000), (40, 20_000), (300, 65_400)])
 }
 
 fn run(

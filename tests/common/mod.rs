@@ -272,3 +272,55 @@ pub fn opus_decode(bytes: &[u8]) -> (Vec<f32>, usize, u32, Vec<u64>) {
         granules,
     )
 }
+
+// ---- Backbone helpers shared by the engine, oga and optimize tests. ----
+
+/// The default prompt shapes: (reference codes, first code).
+pub const PROMPT_SPECS: &[(u32, u32)] = &[(5, 1000), (40, 20_000), (300, 65_400)];
+
+/// Prompts of text ids, specials and speech codes, ending in a speech code, one per spec.
+pub fn speech_prompts(
+    pkg: &onebit_tts::package::ModelPackage,
+    specs: &[(u32, u32)],
+) -> Vec<Vec<u32>> {
+    let v = &pkg.vocab;
+    let text: Vec<u32> = pkg
+        .tokenizer
+        .encode("hello wörld, ðə kwˈɪk bɹˈaʊn fˈɑːks", false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    specs
+        .iter()
+        .map(|&(n_codes, first_code)| {
+            let mut p = vec![v.text_prompt_start];
+            p.extend(&text);
+            p.push(v.text_prompt_end);
+            p.push(v.generation_start);
+            p.extend(
+                (0..n_codes).map(|i| {
+                    v.code_to_id((first_code + i * 7) % onebit_tts::package::SPEECH_CODES)
+                }),
+            );
+            p
+        })
+        .collect()
+}
+
+/// One generation to its end, without a callback.
+pub fn generate_all(
+    b: &mut dyn onebit_tts::engine::Backbone,
+    c: &onebit_tts::engine::Candidates,
+    prompt: &[u32],
+    p: &onebit_tts::engine::GenerationParams,
+) -> onebit_tts::engine::Generation {
+    onebit_tts::engine::generate(
+        b,
+        c,
+        prompt,
+        p,
+        &onebit_tts::engine::CancelToken::new(),
+        &mut |_| std::ops::ControlFlow::Continue(()),
+    )
+    .unwrap()
+}
