@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use ort::session::Session;
-use ort::value::{Tensor, TensorElementType, ValueType};
+use ort::value::{Tensor, TensorElementType};
 
 use super::CodecError;
 use crate::package::SPEECH_CODES;
@@ -48,60 +48,24 @@ impl CodecEncoder {
         if !path.is_file() {
             return Err(contract("no such file".into()));
         }
-        let mut builder = Session::builder(env)?;
-        if let Some(n) = threads {
-            builder = builder.with_intra_threads(n)?;
-        }
-        let session = builder
-            .commit_from_file(path)
-            .map_err(|e| contract(format!("cannot load: {e}")))?;
-        let [input] = session.inputs() else {
-            return Err(contract(format!(
-                "expected one input float32 [B,1,T] (16 kHz audio), found {}",
-                session.inputs().len()
-            )));
-        };
-        let [output] = session.outputs() else {
-            return Err(contract(format!(
-                "expected one output int32/int64 codes [B,1,F], found {}",
-                session.outputs().len()
-            )));
-        };
-        match input.dtype() {
-            ValueType::Tensor {
-                ty: TensorElementType::Float32,
-                shape,
-                ..
-            } if shape.len() == 3 => {}
-            other => {
-                return Err(contract(format!(
-                    "input {} is {other:?}, expected float32 [B,1,T] (16 kHz audio)",
-                    input.name()
-                )));
-            }
-        }
-        let wide = match output.dtype() {
-            ValueType::Tensor {
-                ty: TensorElementType::Int32,
-                shape,
-                ..
-            } if shape.len() == 3 => false,
-            ValueType::Tensor {
-                ty: TensorElementType::Int64,
-                shape,
-                ..
-            } if shape.len() == 3 => true,
-            other => {
-                return Err(contract(format!(
-                    "output {} is {other:?}, expected int32 or int64 codes [B,1,F]",
-                    output.name()
-                )));
-            }
-        };
+        let io = super::open_single_io(
+            env,
+            path,
+            threads,
+            (
+                &[TensorElementType::Float32],
+                "float32 [B,1,T] (16 kHz audio)",
+            ),
+            (
+                &[TensorElementType::Int32, TensorElementType::Int64],
+                "int32 or int64 codes [B,1,F]",
+            ),
+        )?;
+        let wide = io.output_type == TensorElementType::Int64;
         let mut me = Self {
-            input: input.name().to_owned(),
-            output: output.name().to_owned(),
-            session,
+            input: io.input,
+            output: io.output,
+            session: io.session,
             wide,
         };
         let second = ENCODER_SAMPLE_RATE as usize;

@@ -36,6 +36,66 @@ impl From<ort::Error> for CodecError {
     }
 }
 
+/// A session with one rank-3 input and one rank-3 output, as both NeuCodec graphs have.
+pub(crate) struct SingleIo {
+    pub session: Session,
+    pub input: String,
+    pub output: String,
+    pub output_type: TensorElementType,
+}
+
+/// Opens `path` and checks its one input and one output are rank-3 tensors of an allowed element
+/// type; `(types, description)` per side, the description naming what was expected.
+pub(crate) fn open_single_io(
+    env: &ort::environment::Environment,
+    path: &std::path::Path,
+    threads: Option<usize>,
+    input: (&[TensorElementType], &str),
+    output: (&[TensorElementType], &str),
+) -> Result<SingleIo, CodecError> {
+    let contract = |msg: String| CodecError::Contract {
+        path: path.display().to_string(),
+        msg,
+    };
+    let mut builder = Session::builder(env)?;
+    if let Some(n) = threads {
+        builder = builder.with_intra_threads(n)?;
+    }
+    let session = builder
+        .commit_from_file(path)
+        .map_err(|e| contract(format!("cannot load: {e}")))?;
+    let ([i], [o]) = (session.inputs(), session.outputs()) else {
+        return Err(contract(format!(
+            "expected one input {} and one output {}, found {} and {}",
+            input.1,
+            output.1,
+            session.inputs().len(),
+            session.outputs().len()
+        )));
+    };
+    let check =
+        |outlet: &ort::value::Outlet, (types, desc): (&[TensorElementType], &str), side: &str| {
+            match outlet.dtype() {
+                ValueType::Tensor { ty, shape, .. } if shape.len() == 3 && types.contains(ty) => {
+                    Ok(*ty)
+                }
+                other => Err(contract(format!(
+                    "{side} {} is {other:?}, expected {desc}",
+                    outlet.name()
+                ))),
+            }
+        };
+    check(i, input, "input")?;
+    let output_type = check(o, output, "output")?;
+    let (input, output) = (i.name().to_owned(), o.name().to_owned());
+    Ok(SingleIo {
+        session,
+        input,
+        output,
+        output_type,
+    })
+}
+
 /// The NeuCodec decoder session.
 pub struct CodecDecoder {
     session: Session,
@@ -55,56 +115,17 @@ impl CodecDecoder {
             path: path.clone(),
             msg,
         };
-        let mut builder = Session::builder(env)?;
-        if let Some(n) = threads {
-            builder = builder.with_intra_threads(n)?;
-        }
-        let session = builder
-            .commit_from_file(&pkg.decoder)
-            .map_err(|e| contract(format!("cannot load: {e}")))?;
-        let [input] = session.inputs() else {
-            return Err(contract(format!(
-                "expected one input `codes` int32 [B,1,F], found {}",
-                session.inputs().len()
-            )));
-        };
-        let [output] = session.outputs() else {
-            return Err(contract(format!(
-                "expected one output float32 [B,1,F*{}], found {}",
-                pkg.hop_length,
-                session.outputs().len()
-            )));
-        };
-        match input.dtype() {
-            ValueType::Tensor {
-                ty: TensorElementType::Int32,
-                shape,
-                ..
-            } if shape.len() == 3 => {}
-            other => {
-                return Err(contract(format!(
-                    "input {} is {other:?}, expected int32 [B,1,F]",
-                    input.name()
-                )));
-            }
-        }
-        match output.dtype() {
-            ValueType::Tensor {
-                ty: TensorElementType::Float32,
-                shape,
-                ..
-            } if shape.len() == 3 => {}
-            other => {
-                return Err(contract(format!(
-                    "output {} is {other:?}, expected float32 [B,1,F*480]",
-                    output.name()
-                )));
-            }
-        }
+        let io = open_single_io(
+            env,
+            &pkg.decoder,
+            threads,
+            (&[TensorElementType::Int32], "int32 codes [B,1,F]"),
+            (&[TensorElementType::Float32], "float32 [B,1,F*480]"),
+        )?;
         let mut me = Self {
-            input: input.name().to_owned(),
-            output: output.name().to_owned(),
-            session,
+            input: io.input,
+            output: io.output,
+            session: io.session,
             hop: pkg.hop_length,
         };
         let probe = me.decode(&[0, 1])?;
