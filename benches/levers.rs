@@ -154,11 +154,7 @@ fn child(o: &Opts, dir: &Path) {
     let load_s = t.elapsed().as_secs_f64();
     let rss_loaded = peak_rss_mib();
     let engine = b.describe();
-    let c = Candidates {
-        speech_first: pkg.vocab.first,
-        speech_count: SPEECH_CODES,
-        stop_ids: pkg.stop_ids.clone(),
-    };
+    let c = Candidates::of(&pkg);
     let params = GenerationParams {
         sampling: SamplingParams::greedy(),
         min_new_tokens: o.decode,

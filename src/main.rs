@@ -987,11 +987,7 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
         let front = FrontEnd::load(&cfg)?;
         let pkg = front.package();
         let mut engine = onebit_tts::synth::load_engine(&cfg, pkg)?;
-        let candidates = onebit_tts::engine::Candidates {
-            speech_first: pkg.vocab.first,
-            speech_count: onebit_tts::package::SPEECH_CODES,
-            stop_ids: pkg.stop_ids.clone(),
-        };
+        let candidates = onebit_tts::engine::Candidates::of(pkg);
         let text_ids: Vec<u32> = pkg
             .tokenizer
             .encode("user: Convert the text to speech: ðə kwˈɪk bɹˈaʊn fˈɑːks dʒˈʌmps ˌoʊvɚ ðə lˈeɪzi dˈɑːɡ.", false)

@@ -17,7 +17,7 @@ use crate::engine::{
 };
 use crate::metrics::StageTimings;
 use crate::npu::Residency;
-use crate::package::{ModelPackage, SPEECH_CODES};
+use crate::package::ModelPackage;
 use crate::prompt::{self, InputFormat, PromptError, PromptInput};
 use crate::text::{self, Language, Phonemizer, TextError};
 use crate::voice::{Voice, VoiceError, VoiceStore};
@@ -498,11 +498,7 @@ impl Synthesizer {
     /// Assembles a synthesizer from loaded parts (other backbones, tests).
     pub fn from_parts(front: FrontEnd, engine: Box<dyn Engine>, codec: CodecDecoder) -> Self {
         let pkg = front.package();
-        let candidates = Candidates {
-            speech_first: pkg.vocab.first,
-            speech_count: SPEECH_CODES,
-            stop_ids: pkg.stop_ids.clone(),
-        };
+        let candidates = Candidates::of(pkg);
         let device = engine.device();
         let worker = engine.worker();
         Self {

@@ -8,27 +8,16 @@ use std::process::{Command, Stdio};
 
 use onebit_tts::engine::{
     self, Backbone, CancelToken, Candidates, EngineError, GenerationParams, KvMode, OrtBackbone,
-    OrtOptions, SamplingParams, StopReason,
+    SamplingParams, StopReason,
 };
 use onebit_tts::package::{ModelPackage, SPEECH_CODES};
 
 fn load(name: &str, kv: KvMode) -> (ModelPackage, OrtBackbone) {
-    let pkg = ModelPackage::load(&common::model(name), None).unwrap();
-    let env = onebit_tts::runtime::environment(None).unwrap();
-    let opts = OrtOptions {
-        kv_mode: Some(kv),
-        ..OrtOptions::default()
-    };
-    let b = OrtBackbone::load(env, &pkg, &opts).unwrap();
-    (pkg, b)
+    common::load_ort(&common::model(name), kv)
 }
 
 fn candidates(pkg: &ModelPackage) -> Candidates {
-    Candidates {
-        speech_first: pkg.vocab.first,
-        speech_count: SPEECH_CODES,
-        stop_ids: pkg.stop_ids.clone(),
-    }
+    Candidates::of(pkg)
 }
 
 fn greedy(min_new: usize, max_new: Option<usize>) -> GenerationParams {

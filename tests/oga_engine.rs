@@ -69,11 +69,7 @@ fn oga_step(pkg: &ModelPackage, step: OgaStep) -> OgaBackbone {
 }
 
 fn candidates(pkg: &ModelPackage) -> Candidates {
-    Candidates {
-        speech_first: pkg.vocab.first,
-        speech_count: SPEECH_CODES,
-        stop_ids: pkg.stop_ids.clone(),
-    }
+    Candidates::of(pkg)
 }
 
 fn greedy(max_new: usize) -> GenerationParams {

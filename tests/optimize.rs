@@ -31,22 +31,11 @@ const BOTH: Levers = Levers {
 };
 
 fn load(dir: &Path, kv: KvMode) -> (ModelPackage, OrtBackbone) {
-    let pkg = ModelPackage::load(dir, None).unwrap();
-    let env = onebit_tts::runtime::environment(None).unwrap();
-    let opts = OrtOptions {
-        kv_mode: Some(kv),
-        ..OrtOptions::default()
-    };
-    let b = OrtBackbone::load(env, &pkg, &opts).unwrap();
-    (pkg, b)
+    common::load_ort(dir, kv)
 }
 
 fn candidates(pkg: &ModelPackage) -> Candidates {
-    Candidates {
-        speech_first: pkg.vocab.first,
-        speech_count: SPEECH_CODES,
-        stop_ids: pkg.stop_ids.clone(),
-    }
+    Candidates::of(pkg)
 }
 
 /// Optimizes `model` with `levers` into a fresh directory.

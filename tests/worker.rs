@@ -27,7 +27,7 @@ use onebit_tts::engine::{
 use onebit_tts::npu::env::{EnvInputs, EnvPlan, worker_env};
 use onebit_tts::npu::lifecycle::{Ending, StopOutcome};
 use onebit_tts::npu::{PROVIDER_FILE, SystemRoots};
-use onebit_tts::package::{ModelPackage, SPEECH_CODES};
+use onebit_tts::package::ModelPackage;
 use onebit_tts::server::ApiError;
 use onebit_tts::synth::{FrontEnd, SpeechRequest, SynthConfig, SynthError, SynthEvent};
 use onebit_tts::{Synthesizer, voice};
@@ -198,11 +198,7 @@ fn synthesis_through_the_worker_equals_in_process_synthesis() {
 /// The package's candidates and a two-token prompt, for driving an [`Engine`] directly.
 fn engine_inputs() -> (Candidates, Vec<u32>) {
     let pkg = ModelPackage::load(&common::model(MODEL), None).expect("package");
-    let candidates = Candidates {
-        speech_first: pkg.vocab.first,
-        speech_count: SPEECH_CODES,
-        stop_ids: pkg.stop_ids.clone(),
-    };
+    let candidates = Candidates::of(&pkg);
     let prompt = vec![pkg.vocab.generation_start, pkg.vocab.code_to_id(1234)];
     (candidates, prompt)
 }

@@ -119,6 +119,17 @@ impl LogitsLayout {
     }
 }
 
+impl Candidates {
+    /// The package's speech block and stop ids.
+    pub fn of(pkg: &crate::package::ModelPackage) -> Self {
+        Self {
+            speech_first: pkg.vocab.first,
+            speech_count: crate::package::SPEECH_CODES,
+            stop_ids: pkg.stop_ids.clone(),
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Scored(f32, u32);
 

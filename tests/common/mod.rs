@@ -324,3 +324,21 @@ pub fn generate_all(
     )
     .unwrap()
 }
+
+/// A package and its in-process ONNX Runtime backbone with the given KV mode.
+pub fn load_ort(
+    dir: &Path,
+    kv: onebit_tts::engine::KvMode,
+) -> (
+    onebit_tts::package::ModelPackage,
+    onebit_tts::engine::OrtBackbone,
+) {
+    let pkg = onebit_tts::package::ModelPackage::load(dir, None).unwrap();
+    let env = onebit_tts::runtime::environment(None).unwrap();
+    let opts = onebit_tts::engine::OrtOptions {
+        kv_mode: Some(kv),
+        ..onebit_tts::engine::OrtOptions::default()
+    };
+    let b = onebit_tts::engine::OrtBackbone::load(env, &pkg, &opts).unwrap();
+    (pkg, b)
+}
