@@ -1,4 +1,4 @@
-//! Audio-stage throughput on one core: `cargo run --release --example bench_audio [seconds]`.
+//! Audio-stage throughput on one core: `cargo bench --bench audio [-- SECONDS]`.
 //!
 //! Resampling and time-stretch report "x real time per core" (seconds of audio processed per
 //! second of one core); encoders report milliseconds of one core per second of 24 kHz audio.
@@ -104,6 +104,22 @@ fn main() {
                 size as f64 * 8.0 / secs / 1000.0
             );
         }
+    }
+
+    // What one short request pays: a fresh encoder (its set-up included), 0.5 s of audio, finish.
+    println!("\none request of 0.5 s (new encoder, push, finish)   ms");
+    let short = &x[..PIECE.min(x.len())];
+    for format in AudioFormat::ALL {
+        let d = time(|| {
+            let mut e = Encoder::new(format, RATE, EncodeMode::Whole).expect("encoder");
+            black_box(e.push(short).expect("push"));
+            black_box(e.finish().expect("finish"));
+        });
+        println!(
+            "  {:<5}                                          {:>8.3}",
+            format.name(),
+            d.as_secs_f64() * 1000.0
+        );
     }
 
     // The streaming chunker's own cost (overlap-add, bookkeeping) with a free decoder.

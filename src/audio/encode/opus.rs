@@ -1,4 +1,5 @@
-//! Ogg Opus (RFC 7845): libopus at 48 kHz, any input rate resampled first.
+//! Ogg Opus (RFC 7845): libopus at the input rate when Opus has it (8, 12, 16, 24, 48 kHz, so
+//! the model's 24 kHz goes straight in), other rates resampled to 48 kHz first.
 
 use ogg::writing::{PacketWriteEndInfo, PacketWriter};
 use opus::{Application, Bitrate, Channels};
@@ -7,10 +8,16 @@ use crate::audio::error::AudioError;
 use crate::audio::format::AudioFormat;
 use crate::audio::resample::StreamResampler;
 
-/// Opus' internal rate; Ogg Opus granule positions always count 48 kHz samples.
+/// The rate decoders play Ogg Opus at; granule positions and the pre-skip always count it.
 pub const OPUS_RATE: u32 = 48_000;
-/// 20 ms frames: the Opus default, the best quality per bit for speech.
+/// Rates libopus encodes natively; any other input is resampled to [`OPUS_RATE`].
+const NATIVE_RATES: [u32; 5] = [8_000, 12_000, 16_000, 24_000, 48_000];
+/// 20 ms frames (in 48 kHz samples): the Opus default, the best quality per bit for speech.
 pub const OPUS_FRAME_SAMPLES: usize = 960;
+/// libopus' complexity 0..=10 (default 10). Measured on 24 kHz speech (benches/audio.rs): 5
+/// costs about half of 10's time for a fraction of a dB of SNR at this bitrate, which keeps a
+/// short request's encoding inside the server's overhead budget.
+pub const OPUS_COMPLEXITY: i32 = 5;
 /// Mono speech is near-transparent here, and it is half of MP3's bandwidth at 44.1 kHz.
 pub const OPUS_BITRATE: i32 = 64_000;
 /// Largest packet libopus produces for one frame (RFC 6716 §3.2.1 limit is 1275 bytes).
@@ -52,8 +59,13 @@ pub(super) struct OpusEncoder {
     encoder: opus::Encoder,
     resampler: Option<StreamResampler>,
     writer: PacketWriter<'static, Vec<u8>>,
+    /// Samples of one 20 ms frame at the encoder's rate.
+    frame_len: usize,
+    /// 48 kHz samples per encoder-rate sample (the rates Opus has all divide 48 kHz).
+    to_48k: u64,
+    /// In 48 kHz samples.
     pre_skip: u64,
-    /// 48 kHz samples not yet in a full frame.
+    /// Encoder-rate samples not yet in a full frame.
     frame: Vec<f32>,
     /// 48 kHz samples of real audio so far (padding excluded).
     samples_48k: u64,
@@ -67,17 +79,30 @@ pub(super) struct OpusEncoder {
 
 impl OpusEncoder {
     pub(super) fn new(sample_rate: u32) -> Result<Self, AudioError> {
-        let mut encoder = opus::Encoder::new(OPUS_RATE, Channels::Mono, Application::Audio)
+        let native = NATIVE_RATES.contains(&sample_rate);
+        let encoder_rate = if native { sample_rate } else { OPUS_RATE };
+        let mut encoder = opus::Encoder::new(encoder_rate, Channels::Mono, Application::Audio)
             .map_err(|e| opus_err("init", e))?;
         encoder
             .set_bitrate(Bitrate::Bits(OPUS_BITRATE))
             .map_err(|e| opus_err("bitrate", e))?;
+        encoder
+            .set_complexity(OPUS_COMPLEXITY)
+            .map_err(|e| opus_err("complexity", e))?;
+        let to_48k = u64::from(OPUS_RATE / encoder_rate);
+        // libopus reports its delay in samples at the rate it was opened with.
         let lookahead = encoder
             .get_lookahead()
             .map_err(|e| opus_err("lookahead", e))?;
-        let pre_skip = u16::try_from(lookahead)
-            .map_err(|_| AudioError::codec(AudioFormat::Opus, "encoder lookahead out of range"))?;
-        let resampler = if sample_rate == OPUS_RATE {
+        let pre_skip = u64::try_from(lookahead)
+            .ok()
+            .map(|l| l * to_48k)
+            .and_then(|l| u16::try_from(l).ok())
+            .ok_or_else(|| {
+                AudioError::codec(AudioFormat::Opus, "encoder lookahead out of range")
+            })?;
+        let frame_len = OPUS_FRAME_SAMPLES / to_48k as usize;
+        let resampler = if native {
             None
         } else {
             Some(StreamResampler::new_unchecked_output(
@@ -102,8 +127,10 @@ impl OpusEncoder {
             encoder,
             resampler,
             writer,
+            frame_len,
+            to_48k,
             pre_skip: u64::from(pre_skip),
-            frame: Vec::with_capacity(OPUS_FRAME_SAMPLES),
+            frame: Vec::with_capacity(frame_len),
             samples_48k: 0,
             packets: 0,
             held: None,
@@ -140,13 +167,13 @@ impl OpusEncoder {
     }
 
     fn feed(&mut self, samples: &[f32]) -> Result<(), AudioError> {
-        self.samples_48k += samples.len() as u64;
+        self.samples_48k += samples.len() as u64 * self.to_48k;
         let mut rest = samples;
         while !rest.is_empty() {
-            let take = (OPUS_FRAME_SAMPLES - self.frame.len()).min(rest.len());
+            let take = (self.frame_len - self.frame.len()).min(rest.len());
             self.frame.extend_from_slice(&rest[..take]);
             rest = &rest[take..];
-            if self.frame.len() == OPUS_FRAME_SAMPLES {
+            if self.frame.len() == self.frame_len {
                 self.encode_frame()?;
             }
         }
@@ -185,11 +212,11 @@ impl OpusEncoder {
         let needed = self.pre_skip + self.samples_48k;
         let mut covered = (self.packets + u64::from(self.held.is_some()))
             * OPUS_FRAME_SAMPLES as u64
-            + self.frame.len() as u64;
+            + self.frame.len() as u64 * self.to_48k;
         while covered < needed || !self.frame.is_empty() || self.held.is_none() {
-            let pad = OPUS_FRAME_SAMPLES - self.frame.len();
-            self.frame.resize(OPUS_FRAME_SAMPLES, 0.0);
-            covered += pad as u64;
+            let pad = self.frame_len - self.frame.len();
+            self.frame.resize(self.frame_len, 0.0);
+            covered += pad as u64 * self.to_48k;
             self.encode_frame()?;
         }
         if let Some(last) = self.held.take() {
