@@ -941,7 +941,7 @@ struct BenchArgs {
     runs: usize,
     /// Voices to run (repeatable; default: the first voice, or `test`).
     #[arg(long = "voice")]
-    voices: Vec<String>,
+    voice: Vec<String>,
     /// Print the report as JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -1085,7 +1085,7 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
         return Ok(());
     }
     let synth = Synthesizer::load(&cfg)?;
-    let voices = if args.voices.is_empty() {
+    let voices = if args.voice.is_empty() {
         let names = synth.voices().names();
         vec![if names.iter().any(|n| n == "test") {
             "test".to_owned()
@@ -1093,7 +1093,7 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
             names.first().cloned().unwrap_or_else(|| "test".into())
         }]
     } else {
-        args.voices.clone()
+        args.voice.clone()
     };
     let sampling = onebit_tts::engine::SamplingParams {
         temperature: args.temperature,
@@ -1236,5 +1236,17 @@ fn main() -> ExitCode {
             eprintln!("error: {}", msg.replace('\n', "\n       "));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// clap checks a command's definition (duplicate argument ids, ...) only in debug builds and
+    /// only when that subcommand is parsed; this checks every subcommand at once.
+    #[test]
+    fn every_subcommand_is_well_formed() {
+        super::Cli::command().debug_assert();
     }
 }
