@@ -13,6 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use onebit_tts::audio::{AudioFormat, OutputSpec};
 use onebit_tts::engine::{
     CancelToken, DeviceChoice, GenerationParams, KvMode, OgaOptions, OrtOptions, SamplingParams,
+    ThreadPolicy,
 };
 use onebit_tts::metrics;
 use onebit_tts::package::{ModelPackage, optimize};
@@ -52,9 +53,15 @@ struct ModelArgs {
     /// Extra voice directory (repeatable); the repo's voices/ is always read.
     #[arg(long = "voices", env = "ONEBIT_VOICES", value_delimiter = ':')]
     voices: Vec<PathBuf>,
-    /// Intra-op threads of the backbone session (default: the package's config, else ONNX Runtime's).
+    /// Intra-op threads of the backbone and codec sessions (default: the package's config, else
+    /// one per physical core this process may use, at most 16).
     #[arg(long, env = "ONEBIT_THREADS")]
     threads: Option<usize>,
+    /// Thread defaults: tuned (threads = usable physical cores within the affinity mask and CPU
+    /// quota, pool threads pinned one per core on SMT machines, no spin-waiting) or ort (ONNX
+    /// Runtime's own: every physical core of the machine, spinning).
+    #[arg(long, env = "ONEBIT_THREAD_POLICY", default_value = "tuned", value_parser = parse_thread_policy)]
+    thread_policy: ThreadPolicy,
     /// KV cache handling (default: the package's search.past_present_share_buffer).
     #[arg(long, value_parser = parse_kv)]
     kv: Option<KvMode>,
@@ -79,6 +86,11 @@ struct ModelArgs {
     /// (CPU/CUDA workers only: a worker holding the NPU is never SIGKILLed).
     #[arg(long)]
     allow_kill: bool,
+}
+
+fn parse_thread_policy(s: &str) -> Result<ThreadPolicy, String> {
+    ThreadPolicy::parse(s)
+        .ok_or_else(|| format!("unknown thread policy {s:?} (supported: tuned, ort)"))
 }
 
 fn parse_kv(s: &str) -> Result<KvMode, String> {
@@ -288,9 +300,12 @@ struct AddArgs {
     /// Path of libonnxruntime.so (else ORT_DYLIB_PATH, the RyzenAI venv, .onebit/, python3's onnxruntime).
     #[arg(long, env = "ONEBIT_ORT_LIB")]
     ort_lib: Option<PathBuf>,
-    /// Intra-op threads of the encoder session (default: ONNX Runtime's).
+    /// Intra-op threads of the encoder session (default: one per usable physical core).
     #[arg(long, env = "ONEBIT_THREADS")]
     threads: Option<usize>,
+    /// Thread defaults: tuned (one per usable core, pinned on SMT, no spinning) or ort.
+    #[arg(long, env = "ONEBIT_THREAD_POLICY", default_value = "tuned", value_parser = parse_thread_policy)]
+    thread_policy: ThreadPolicy,
 }
 
 /// `voices add`: decode and resample the reference, encode it, save the voice.
@@ -372,7 +387,12 @@ fn voices_add(a: AddArgs) -> Result<()> {
     }
 
     let env = onebit_tts::runtime::environment(a.ort_lib.as_deref())?;
-    let mut enc = CodecEncoder::load(env, &encoder, a.threads)?;
+    let threads = onebit_tts::engine::ThreadPlan::new(
+        a.thread_policy,
+        &onebit_tts::engine::CpuTopology::detect(),
+        a.threads,
+    );
+    let mut enc = CodecEncoder::load(env, &encoder, &threads)?;
     let codes = enc.encode(&audio.samples)?;
     println!(
         "encoder:  {} -> {} codes ({:.2} s at 50 codes/s)",
@@ -476,6 +496,7 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
         voice_dirs: voice_dirs(&m.voices),
         ort: OrtOptions {
             intra_threads: m.threads,
+            threads: m.thread_policy,
             kv_mode: m.kv,
             prefill_chunk: None,
             device: Default::default(),

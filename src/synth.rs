@@ -491,7 +491,12 @@ impl Synthesizer {
         let front = FrontEnd::load(cfg)?;
         let engine = load_engine(cfg, front.package())?;
         let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
-        let codec = CodecDecoder::load(env, &front.package().codec, cfg.codec_threads)?;
+        let threads = crate::engine::ThreadPlan::new(
+            cfg.ort.threads,
+            &crate::engine::CpuTopology::detect(),
+            cfg.codec_threads,
+        );
+        let codec = CodecDecoder::load(env, &front.package().codec, &threads)?;
         Ok(Self::from_parts(front, engine, codec))
     }
 

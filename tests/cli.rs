@@ -174,3 +174,41 @@ fn models_check_prints_the_summary() {
         "{s}"
     );
 }
+
+/// `bench --engine-only` names the thread plan its sessions got: the tuned policy's (an explicit
+/// count, no spin-waiting) or ONNX Runtime's own defaults.
+#[test]
+fn bench_names_the_thread_plan_it_ran_with() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "-q",
+            "--model",
+            "models/tiny",
+            "--engine-only",
+            "--runs",
+            "1",
+            "--new-tokens",
+            "4",
+            "--prompt-lens",
+            "32",
+        ];
+        args.extend_from_slice(extra);
+        let o = cli(&args);
+        assert!(o.status.success(), "bench {extra:?}: {}", stderr(&o));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        out.lines().next().unwrap_or_default().to_owned()
+    };
+    let tuned = run(&["--threads", "1"]);
+    assert!(
+        tuned.ends_with("; 1 threads, spinning off, unpinned)"),
+        "{tuned}"
+    );
+    let ort = run(&["--thread-policy", "ort"]);
+    assert!(
+        ort.ends_with("; ORT-default threads, spinning ORT-default, unpinned)"),
+        "{ort}"
+    );
+    let bad = error_line(&cli(&["bench", "--thread-policy", "fast"]));
+    assert!(bad.contains("unknown thread policy \"fast\""), "{bad}");
+}

@@ -125,7 +125,7 @@ fn tiny_with(wrap: impl FnOnce(Box<dyn Engine>) -> Box<dyn Engine>) -> Arc<Synth
     let front = FrontEnd::load(&cfg).unwrap();
     let engine = load_engine(&cfg, front.package()).unwrap();
     let env = onebit_tts::runtime::environment(None).unwrap();
-    let codec = CodecDecoder::load(env, &front.package().codec, None).unwrap();
+    let codec = CodecDecoder::load(env, &front.package().codec, &Default::default()).unwrap();
     Arc::new(Synthesizer::from_parts(front, wrap(engine), codec))
 }
 

@@ -71,7 +71,8 @@ fn synth_with(worker: WorkerEngine) -> Synthesizer {
     let cfg = synth_config(true);
     let front = FrontEnd::load(&cfg).expect("front end");
     let env = onebit_tts::runtime::environment(None).expect("runtime");
-    let codec = CodecDecoder::load(env, &front.package().codec, None).expect("codec");
+    let codec =
+        CodecDecoder::load(env, &front.package().codec, &Default::default()).expect("codec");
     Synthesizer::from_parts(front, Box::new(worker), codec)
 }
 

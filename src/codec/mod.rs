@@ -49,7 +49,7 @@ pub(crate) struct SingleIo {
 pub(crate) fn open_single_io(
     env: &ort::environment::Environment,
     path: &std::path::Path,
-    threads: Option<usize>,
+    threads: &crate::engine::ThreadPlan,
     input: (&[TensorElementType], &str),
     output: (&[TensorElementType], &str),
 ) -> Result<SingleIo, CodecError> {
@@ -57,11 +57,8 @@ pub(crate) fn open_single_io(
         path: path.display().to_string(),
         msg,
     };
-    let mut builder = Session::builder(env)?;
-    if let Some(n) = threads {
-        builder = builder.with_intra_threads(n)?;
-    }
-    let session = builder
+    let session = threads
+        .apply(Session::builder(env)?)?
         .commit_from_file(path)
         .map_err(|e| contract(format!("cannot load: {e}")))?;
     let ([i], [o]) = (session.inputs(), session.outputs()) else {
@@ -108,7 +105,7 @@ impl CodecDecoder {
     pub fn load(
         env: &ort::environment::Environment,
         pkg: &CodecPackage,
-        threads: Option<usize>,
+        threads: &crate::engine::ThreadPlan,
     ) -> Result<Self, CodecError> {
         let path = pkg.decoder.display().to_string();
         let contract = |msg: String| CodecError::Contract {

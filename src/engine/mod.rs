@@ -10,6 +10,7 @@ pub mod oga;
 pub mod ort_engine;
 mod ryzenai;
 pub mod sampler;
+pub mod threads;
 pub mod worker;
 
 use std::ops::ControlFlow;
@@ -21,6 +22,7 @@ pub use device::{Device, DeviceChoice};
 pub use oga::{OgaBackbone, OgaLoadError, OgaOptions, OgaStep};
 pub use ort_engine::{KvMode, OrtBackbone, OrtOptions};
 pub use sampler::{Candidates, LogitsLayout, SampleError, Sampler, SamplingParams};
+pub use threads::{CpuTopology, ThreadPlan, ThreadPolicy};
 pub use worker::{WorkerConfig, WorkerEngine, WorkerHandle};
 
 /// The vendor's minimum: the end token cannot win before 50 new codes.

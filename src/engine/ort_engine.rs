@@ -13,6 +13,7 @@ use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
 
 use super::device::{self, Device};
+use super::threads::{CpuTopology, ThreadPlan, ThreadPolicy};
 use super::{Backbone, EngineError, LogitsLayout};
 use crate::package::genai::layer_name;
 use crate::package::{BackbonePackage, ModelPackage};
@@ -31,6 +32,9 @@ pub enum KvMode {
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct OrtOptions {
     pub intra_threads: Option<usize>,
+    /// How threads are sized, pinned and made to wait when `intra_threads` is not given.
+    #[serde(default)]
+    pub threads: ThreadPolicy,
     pub kv_mode: Option<KvMode>,
     /// Prompt tokens per prefill run; `None` prefills in one run.
     pub prefill_chunk: Option<usize>,
@@ -108,9 +112,12 @@ impl OrtBackbone {
         let so = &d.session_options;
         let mut builder = Session::builder(env)?
             .with_optimization_level(level(so.graph_optimization_level.as_deref()))?;
-        if let Some(n) = opts.intra_threads.or(so.intra_op_num_threads) {
-            builder = builder.with_intra_threads(n)?;
-        }
+        let plan = ThreadPlan::new(
+            opts.threads,
+            &CpuTopology::detect(),
+            opts.intra_threads.or(so.intra_op_num_threads),
+        );
+        builder = plan.apply(builder)?;
         if let Some(n) = so.inter_op_num_threads {
             builder = builder.with_inter_threads(n)?;
         }
@@ -129,7 +136,7 @@ impl OrtBackbone {
         let session = builder
             .commit_from_file(&pkg.decoder_path)
             .map_err(|e| EngineError::Graph(format!("{}: {e}", pkg.decoder_path.display())))?;
-        Self::from_session(session, pkg, opts, providers)
+        Self::from_session(session, pkg, opts, providers, &plan)
     }
 
     fn from_session(
@@ -137,6 +144,7 @@ impl OrtBackbone {
         pkg: &BackbonePackage,
         opts: &OrtOptions,
         providers: Vec<String>,
+        threads: &ThreadPlan,
     ) -> Result<Self, EngineError> {
         let d = &pkg.genai.model.decoder;
         let has_input = |n: &str| session.inputs().iter().any(|o| o.name() == n);
@@ -251,7 +259,7 @@ impl OrtBackbone {
             )));
         }
         let desc = format!(
-            "ort {} ({} layers, {} KV, {}{}{}, {} on {})",
+            "ort {} ({} layers, {} KV, {}{}{}, {} on {}; {})",
             crate::runtime::info().map_or("?", |i| i.version.as_str()),
             d.num_hidden_layers,
             match mode {
@@ -274,6 +282,7 @@ impl OrtBackbone {
                 .unwrap_or("?"),
             opts.device,
             providers.join(" > "),
+            threads.describe(),
         );
         let mut me = Self {
             session,
