@@ -62,6 +62,11 @@ struct ModelArgs {
     /// Runtime's own: every physical core of the machine, spinning).
     #[arg(long, env = "ONEBIT_THREAD_POLICY", default_value = "tuned", value_parser = parse_thread_policy)]
     thread_policy: ThreadPolicy,
+    /// Spin-waiting of the pool threads: on (the tuned default: fastest on an otherwise idle
+    /// machine; spinning stops between runs) or off (for machines shared with other busy
+    /// processes, where spinning wastes the time slices the other pool threads need).
+    #[arg(long, env = "ONEBIT_SPIN", value_parser = parse_on_off)]
+    spin: Option<bool>,
     /// KV cache handling (default: the package's search.past_present_share_buffer).
     #[arg(long, value_parser = parse_kv)]
     kv: Option<KvMode>,
@@ -91,6 +96,14 @@ struct ModelArgs {
 fn parse_thread_policy(s: &str) -> Result<ThreadPolicy, String> {
     ThreadPolicy::parse(s)
         .ok_or_else(|| format!("unknown thread policy {s:?} (supported: tuned, ort)"))
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, not {s:?}")),
+    }
 }
 
 fn parse_kv(s: &str) -> Result<KvMode, String> {
@@ -391,6 +404,7 @@ fn voices_add(a: AddArgs) -> Result<()> {
         a.thread_policy,
         &onebit_tts::engine::CpuTopology::detect(),
         a.threads,
+        None,
     );
     let mut enc = CodecEncoder::load(env, &encoder, &threads)?;
     let codes = enc.encode(&audio.samples)?;
@@ -497,6 +511,7 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
         ort: OrtOptions {
             intra_threads: m.threads,
             threads: m.thread_policy,
+            spin: m.spin,
             kv_mode: m.kv,
             prefill_chunk: None,
             device: Default::default(),

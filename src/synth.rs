@@ -495,6 +495,7 @@ impl Synthesizer {
             cfg.ort.threads,
             &crate::engine::CpuTopology::detect(),
             cfg.codec_threads,
+            cfg.ort.spin,
         );
         let codec = CodecDecoder::load(env, &front.package().codec, &threads)?;
         Ok(Self::from_parts(front, engine, codec))

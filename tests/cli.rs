@@ -176,7 +176,7 @@ fn models_check_prints_the_summary() {
 }
 
 /// `bench --engine-only` names the thread plan its sessions got: the tuned policy's (an explicit
-/// count, no spin-waiting) or ONNX Runtime's own defaults.
+/// count, spinning only inside runs, or not at all with --spin off) or ONNX Runtime's own.
 #[test]
 fn bench_names_the_thread_plan_it_ran_with() {
     let run = |extra: &[&str]| {
@@ -201,8 +201,13 @@ fn bench_names_the_thread_plan_it_ran_with() {
     };
     let tuned = run(&["--threads", "1"]);
     assert!(
-        tuned.ends_with("; 1 threads, spinning off, unpinned)"),
+        tuned.ends_with("; 1 threads, spinning in runs, unpinned)"),
         "{tuned}"
+    );
+    let quiet = run(&["--threads", "1", "--spin", "off"]);
+    assert!(
+        quiet.ends_with("; 1 threads, spinning off, unpinned)"),
+        "{quiet}"
     );
     let ort = run(&["--thread-policy", "ort"]);
     assert!(

@@ -35,6 +35,9 @@ pub struct OrtOptions {
     /// How threads are sized, pinned and made to wait when `intra_threads` is not given.
     #[serde(default)]
     pub threads: ThreadPolicy,
+    /// Spin-waiting of the pool threads; `None` is the policy's choice.
+    #[serde(default)]
+    pub spin: Option<bool>,
     pub kv_mode: Option<KvMode>,
     /// Prompt tokens per prefill run; `None` prefills in one run.
     pub prefill_chunk: Option<usize>,
@@ -116,6 +119,7 @@ impl OrtBackbone {
             opts.threads,
             &CpuTopology::detect(),
             opts.intra_threads.or(so.intra_op_num_threads),
+            opts.spin,
         );
         builder = plan.apply(builder)?;
         if let Some(n) = so.inter_op_num_threads {

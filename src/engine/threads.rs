@@ -7,7 +7,10 @@
 //! spinning into lost time slices — on the 2-core development machine, decode fell from 22.6 to
 //! 12.6 codes/s with spinning on while a build ran (docs/performance.md). The tuned policy counts
 //! the physical cores this process may actually use, caps that by the CPU quota, gives each pool
-//! thread a core of its own on SMT machines and measures spinning rather than assuming it.
+//! thread a core of its own on SMT machines, and spins only while a run is in progress (not in
+//! the gaps between decode steps, where the codec's session and the server's threads need the
+//! cores). Spin-waiting itself stays on by default — on an otherwise idle machine it is worth
+//! 1.5x in decode — and `spin: Some(false)` (`--spin off`) is the setting for shared machines.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -18,7 +21,8 @@ use ort::session::builder::SessionBuilder;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ThreadPolicy {
-    /// One thread per usable physical core, pinned one per core on SMT machines, no spinning.
+    /// One thread per usable physical core, pinned one per core on SMT machines, spinning only
+    /// inside a run.
     #[default]
     Tuned,
     /// ONNX Runtime's own defaults (the lever switched off, to measure it).
@@ -110,6 +114,8 @@ pub struct ThreadPlan {
     pub intra_threads: Option<usize>,
     /// `session.intra_op.allow_spinning`; `None` leaves ONNX Runtime's default (on).
     pub spinning: Option<bool>,
+    /// `session.force_spinning_stop`: pool threads stop spinning when a run returns.
+    pub stop_spinning_between_runs: bool,
     /// `session.intra_op_thread_affinities`: one entry per pool thread but the caller's.
     pub affinities: Option<String>,
 }
@@ -119,13 +125,19 @@ pub struct ThreadPlan {
 pub const MAX_THREADS: usize = 16;
 
 impl ThreadPlan {
-    /// `explicit` is a thread count the user or the package asked for; it wins over the policy's
-    /// count but keeps its waiting behaviour.
-    pub fn new(policy: ThreadPolicy, topo: &CpuTopology, explicit: Option<usize>) -> Self {
+    /// `explicit` is a thread count the user or the package asked for, `spin` a spin-wait
+    /// choice; both win over the policy's.
+    pub fn new(
+        policy: ThreadPolicy,
+        topo: &CpuTopology,
+        explicit: Option<usize>,
+        spin: Option<bool>,
+    ) -> Self {
         match policy {
             ThreadPolicy::Ort => Self {
                 intra_threads: explicit,
-                spinning: None,
+                spinning: spin,
+                stop_spinning_between_runs: false,
                 affinities: None,
             },
             ThreadPolicy::Tuned => {
@@ -136,7 +148,8 @@ impl ThreadPlan {
                 let threads = explicit.unwrap_or(usable).max(1);
                 Self {
                     intra_threads: Some(threads),
-                    spinning: Some(false),
+                    spinning: Some(spin.unwrap_or(true)),
+                    stop_spinning_between_runs: true,
                     affinities: pin_one_per_core(topo, threads),
                 }
             }
@@ -151,6 +164,9 @@ impl ThreadPlan {
         if let Some(spin) = self.spinning {
             builder = builder.with_intra_op_spinning(spin)?;
         }
+        if self.stop_spinning_between_runs {
+            builder = builder.with_config_entry("session.force_spinning_stop", "1")?;
+        }
         if let Some(a) = &self.affinities {
             builder = builder.with_config_entry("session.intra_op_thread_affinities", a)?;
         }
@@ -163,10 +179,11 @@ impl ThreadPlan {
             "{} threads, spinning {}, {}",
             self.intra_threads
                 .map_or_else(|| "ORT-default".to_owned(), |n| n.to_string()),
-            match self.spinning {
-                Some(true) => "on",
-                Some(false) => "off",
-                None => "ORT-default",
+            match (self.spinning, self.stop_spinning_between_runs) {
+                (Some(true), true) => "in runs",
+                (Some(true), false) => "on",
+                (Some(false), _) => "off",
+                (None, _) => "ORT-default",
             },
             if self.affinities.is_some() {
                 "pinned one per core"
@@ -260,12 +277,13 @@ mod tests {
         tree(&d, 2, 1);
         let topo = CpuTopology::from_sysfs(&d, &[0, 1], None);
         assert_eq!((topo.physical_cores(), topo.logical_cpus()), (2, 2));
-        let plan = ThreadPlan::new(ThreadPolicy::Tuned, &topo, None);
+        let plan = ThreadPlan::new(ThreadPolicy::Tuned, &topo, None, None);
         assert_eq!(
             plan,
             ThreadPlan {
                 intra_threads: Some(2),
-                spinning: Some(false),
+                spinning: Some(true),
+                stop_spinning_between_runs: true,
                 affinities: None
             }
         );
@@ -278,7 +296,7 @@ mod tests {
         let all: Vec<usize> = (0..32).collect();
         let topo = CpuTopology::from_sysfs(&d, &all, None);
         assert_eq!((topo.physical_cores(), topo.logical_cpus()), (16, 32));
-        let plan = ThreadPlan::new(ThreadPolicy::Tuned, &topo, None);
+        let plan = ThreadPlan::new(ThreadPolicy::Tuned, &topo, None, None);
         assert_eq!(plan.intra_threads, Some(16));
         // cores 1..15, each as both siblings (1-based ids): core 1 = cpus 1 and 17.
         let want: Vec<String> = (1..16).map(|c| format!("{},{}", c + 1, c + 17)).collect();
@@ -293,13 +311,13 @@ mod tests {
         let allowed = [0, 1, 2, 3, 16, 17, 18, 19];
         let topo = CpuTopology::from_sysfs(&d, &allowed, None);
         assert_eq!(topo.physical_cores(), 4);
-        let plan = ThreadPlan::new(ThreadPolicy::Tuned, &topo, None);
+        let plan = ThreadPlan::new(ThreadPolicy::Tuned, &topo, None, None);
         assert_eq!(plan.intra_threads, Some(4));
         assert_eq!(plan.affinities.as_deref(), Some("2,18;3,19;4,20"));
         // A container with cpu.max "300000 100000" on the same mask: 3 threads.
         let topo = CpuTopology::from_sysfs(&d, &allowed, Some(3));
         assert_eq!(
-            ThreadPlan::new(ThreadPolicy::Tuned, &topo, None).intra_threads,
+            ThreadPlan::new(ThreadPolicy::Tuned, &topo, None, None).intra_threads,
             Some(3)
         );
         // 64 cores are capped at MAX_THREADS.
@@ -308,7 +326,7 @@ mod tests {
         let all: Vec<usize> = (0..64).collect();
         let topo = CpuTopology::from_sysfs(&d, &all, None);
         assert_eq!(
-            ThreadPlan::new(ThreadPolicy::Tuned, &topo, None).intra_threads,
+            ThreadPlan::new(ThreadPolicy::Tuned, &topo, None, None).intra_threads,
             Some(MAX_THREADS)
         );
     }
@@ -319,22 +337,26 @@ mod tests {
         tree(&d, 8, 2);
         let all: Vec<usize> = (0..16).collect();
         let topo = CpuTopology::from_sysfs(&d, &all, None);
-        let plan = ThreadPlan::new(ThreadPolicy::Tuned, &topo, Some(3));
+        let plan = ThreadPlan::new(ThreadPolicy::Tuned, &topo, Some(3), None);
         assert_eq!(plan.intra_threads, Some(3));
         assert_eq!(plan.affinities.as_deref(), Some("2,10;3,11"));
         // More threads than cores: not pinned.
-        let plan = ThreadPlan::new(ThreadPolicy::Tuned, &topo, Some(12));
-        assert_eq!((plan.intra_threads, plan.affinities), (Some(12), None));
+        let plan = ThreadPlan::new(ThreadPolicy::Tuned, &topo, Some(12), Some(false));
         assert_eq!(
-            ThreadPlan::new(ThreadPolicy::Ort, &topo, None),
+            (plan.intra_threads, plan.spinning, plan.affinities),
+            (Some(12), Some(false), None)
+        );
+        assert_eq!(
+            ThreadPlan::new(ThreadPolicy::Ort, &topo, None, None),
             ThreadPlan {
                 intra_threads: None,
                 spinning: None,
+                stop_spinning_between_runs: false,
                 affinities: None
             }
         );
         assert_eq!(
-            ThreadPlan::new(ThreadPolicy::Ort, &topo, Some(5)).intra_threads,
+            ThreadPlan::new(ThreadPolicy::Ort, &topo, Some(5), None).intra_threads,
             Some(5)
         );
     }
@@ -345,7 +367,7 @@ mod tests {
         let topo = CpuTopology::from_sysfs(&d, &[0, 1, 2], None);
         assert_eq!(topo.physical_cores(), 3);
         assert_eq!(
-            ThreadPlan::new(ThreadPolicy::Tuned, &topo, None).affinities,
+            ThreadPlan::new(ThreadPolicy::Tuned, &topo, None, None).affinities,
             None
         );
     }
