@@ -67,6 +67,10 @@ def tbias(kind, bid):
     return gguf.TENSOR_NAMES[kind].format(bid=bid) + ".bias"
 
 
+def helper_dtype(data_type):
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type))
+
+
 class Onnx:
     """The decoder graph: initializers (loaded on demand, external data included) and nodes."""
 
@@ -84,7 +88,21 @@ class Onnx:
     def array(self, name):
         if name not in self.inits:
             raise ConvertError("the graph has no initializer %s" % name)
-        return numpy_helper.to_array(self.inits[name], self.dir)
+        t = self.inits[name]
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            return numpy_helper.to_array(t)
+        # Read external data here: onnx's loader refuses a data file with several hard links,
+        # and `models optimize` hard-links the source package's data file into its output.
+        info = {e.key: e.value for e in t.external_data}
+        path = os.path.join(self.dir, info["location"])
+        dtype = helper_dtype(t.data_type)
+        count = int(np.prod(t.dims, dtype=np.int64))
+        if "length" in info and int(info["length"]) != count * dtype.itemsize:
+            raise ConvertError("%s: external length %s, expected %d bytes" % (name, info["length"], count * dtype.itemsize))
+        arr = np.fromfile(path, dtype=dtype, count=count, offset=int(info.get("offset", 0)))
+        if arr.size != count:
+            raise ConvertError("%s: %s ends early" % (name, path))
+        return arr.reshape(tuple(t.dims))
 
     def node_using(self, init_name, op):
         for n in self.nodes:
