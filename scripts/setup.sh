@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what onebit-tts needs at run and test time into .onebit/ (ignored by git):
 #   .onebit/venv          python venv: onnxruntime, onnxruntime-genai, onnx, numpy (generator, parity tests),
+#                         gguf (tools/onnx_to_gguf.py, the llama.cpp peer's model, and its test),
 #                         openai (the official SDK, for tests/python/openai_client.py against the server)
 #   .onebit/onnxruntime   the ONNX Runtime shared library from the onnxruntime wheel
 #   .onebit/neutts        espeak-ng 1.52 library + data and the sample voices from the neutts wheel
@@ -15,12 +16,13 @@ ORT_VERSION=1.31.1
 OGA_VERSION=0.18.0
 NEUTTS_VERSION=1.4.1
 OPENAI_VERSION=3.57.0
+GGUF_VERSION=0.19.0
 
 if [ ! -x "$home/venv/bin/python" ]; then
   "$py" -m venv "$home/venv"
 fi
 stamp="$home/venv/.onebit-reqs"
-reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION ${ONEBIT_EXTRA_PIP:-}"
+reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION ${ONEBIT_EXTRA_PIP:-}"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
   echo "$reqs" > "$stamp"

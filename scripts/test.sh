@@ -10,3 +10,4 @@ cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --locked
 "$root/.onebit/venv/bin/python" tests/python/test_generated_models.py "$root/target/pytest-models"
+"$root/.onebit/venv/bin/python" tests/python/test_onnx_to_gguf.py "$root/target/pytest-gguf" models/tiny models/tiny-random

@@ -993,13 +993,18 @@ struct BenchArgs {
     /// Codes generated per --engine-only run.
     #[arg(long, default_value_t = 128)]
     new_tokens: usize,
-    /// With --engine-only: run onnxruntime-genai's own loop on the same prompts in the same run.
+    /// With --engine-only: run the peers' own loops on the same prompts in the same run:
+    /// onnxruntime-genai, and llama.cpp when its Q4_0 GGUF is there (see --llama-gguf).
     #[arg(long)]
     peers: bool,
     /// The package the peer runs (default: --model). onnxruntime-genai cannot run a speech-only
     /// head, so compare an optimized package against its source here.
     #[arg(long)]
     peer_model: Option<PathBuf>,
+    /// The llama.cpp peer's model (default: PEER_MODEL-q4_0.gguf beside the peer package). Make
+    /// it with scripts/setup-llama-peer.sh, then tools/onnx_to_gguf.py PEER_MODEL.
+    #[arg(long)]
+    llama_gguf: Option<PathBuf>,
     /// Sampling temperature of the synthesis runs (vendor default 1.0; 0 is greedy).
     #[arg(long, default_value_t = 1.0)]
     temperature: f32,
@@ -1046,32 +1051,76 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
             args.runs,
             &mut progress,
         )?;
-        let peers = if args.peers {
-            bar.set_message("onnxruntime-genai (peer) on the same prompts");
+        let mut peers: Vec<PeerRun> = Vec::new();
+        let mut llama_note = None;
+        if args.peers {
             let peer_dir = args
                 .peer_model
                 .as_deref()
                 .map(resolve_dir)
                 .unwrap_or_else(|| pkg.dir.clone());
-            Some(oga_peer(
-                &peer_dir,
-                &candidates,
-                &text_ids,
-                &lens,
+            let prompts: Vec<Vec<u32>> = lens
+                .iter()
+                .map(|&n| bench::synthetic_prompt(&candidates, &text_ids, n))
+                .collect();
+            let threads = model.threads;
+            bar.set_message("onnxruntime-genai (peer) on the same prompts");
+            peers.push(run_peer(
+                &Peer::oga(&peer_dir)?,
+                &prompts,
                 args.new_tokens,
                 args.runs,
-            )?)
-        } else {
-            None
-        };
+                threads,
+            )?);
+            match Peer::llama(args.llama_gguf.as_deref(), &peer_dir)? {
+                Ok(llama) => {
+                    bar.set_message("llama.cpp (peer) on the same prompts");
+                    peers.push(run_peer(
+                        &llama,
+                        &prompts,
+                        args.new_tokens,
+                        args.runs,
+                        threads,
+                    )?);
+                }
+                Err(note) => llama_note = Some(note),
+            }
+        }
         bar.finish_and_clear();
         let rss = bench::peak_rss_mb();
         let files = bench::files_mb(&pkg.dir);
         if args.json {
+            // "onnxruntime_genai" / "llama_cpp": [prefill ms, decode tok/s] per prompt length, as
+            // before; "peers": who ran, on what, and how far its greedy tokens agree with ours.
+            let pairs = |key: &str| {
+                peers.iter().find(|p| p.key == key).map(|p| {
+                    p.per_prompt
+                        .iter()
+                        .map(|r| (r.prefill_ms, r.decode_tok_per_s))
+                        .collect::<Vec<_>>()
+                })
+            };
+            let about: serde_json::Map<String, serde_json::Value> = peers
+                .iter()
+                .map(|p| {
+                    let agree: Vec<usize> = ours
+                        .iter()
+                        .zip(&p.per_prompt)
+                        .map(|(o, r)| leading_agreement(&o.last_ids, &r.tokens))
+                        .collect();
+                    (
+                        p.key.to_owned(),
+                        serde_json::json!({"version": p.version, "model": p.model,
+                            "settings": p.settings, "greedy_agreement": agree}),
+                    )
+                })
+                .collect();
             println!(
                 "{}",
                 serde_json::json!({"engine": engine.describe(), "machine": bench::machine(), "ours": ours,
-                    "onnxruntime_genai": peers, "peak_rss_mb": rss, "model_files_mb": files})
+                    "onnxruntime_genai": pairs("onnxruntime_genai"), "llama_cpp": pairs("llama_cpp"),
+                    "peers": about, "llama_cpp_note": llama_note,
+                    "peak_rss_mb": rss, "model_files_mb": files})
             );
             return Ok(());
         }
@@ -1080,44 +1129,74 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
             engine.describe(),
             bench::machine()
         );
-        println!(
-            "{:>7} {:>18} {:>18} {:>20} {:>20} {:>9} {:>9}",
-            "prompt",
-            "prefill ms",
-            "prefill tok/s",
-            "decode codes/s",
-            "oga decode tok/s",
-            "decode x",
-            "prefill x"
-        );
+        // Stat's Display ignores width, so each cell is formatted first, then padded.
+        let cell = |st: bench::Stat, p: usize| format!("{:.p$} ± {:.p$}", st.median, st.half_range);
+        let mut rows: Vec<Vec<String>> = vec![
+            ["prompt", "prefill ms", "prefill tok/s", "decode codes/s"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for p in &peers {
+            rows[0].push(format!("{} decode tok/s", p.label));
+            rows[0].push(format!("x {}", p.short));
+            rows[0].push(format!("prefill x {}", p.short));
+        }
         for (i, r) in ours.iter().enumerate() {
-            let (oga_dec, ratio_dec, ratio_pre) = match &peers {
-                Some(p) => (
-                    format!("{:.1}", p[i].1.median),
-                    format!("{:.2}", r.decode_codes_per_s.median / p[i].1.median),
-                    format!("{:.2}", p[i].0.median / r.prefill_ms.median),
-                ),
-                None => ("-".into(), "-".into(), "-".into()),
-            };
-            // Stat's Display ignores width, so each cell is formatted first, then padded.
-            let cell = |st: onebit_tts::bench::Stat, p: usize| {
-                format!("{:.p$} ± {:.p$}", st.median, st.half_range)
-            };
-            println!(
-                "{:>7} {:>18} {:>18} {:>20} {:>20} {:>9} {:>9}",
-                r.prompt_tokens,
+            let mut row = vec![
+                r.prompt_tokens.to_string(),
                 cell(r.prefill_ms, 1),
                 cell(r.prefill_tok_per_s, 0),
                 cell(r.decode_codes_per_s, 1),
-                oga_dec,
-                ratio_dec,
-                ratio_pre
-            );
+            ];
+            for p in &peers {
+                let pr = &p.per_prompt[i];
+                row.push(format!("{:.1}", pr.decode_tok_per_s.median));
+                row.push(format!(
+                    "{:.2}",
+                    r.decode_codes_per_s.median / pr.decode_tok_per_s.median
+                ));
+                row.push(format!("{:.2}", pr.prefill_ms.median / r.prefill_ms.median));
+            }
+            rows.push(row);
+        }
+        let widths: Vec<usize> = (0..rows[0].len())
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
+        for row in &rows {
+            let line: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .map(|(s, &w)| format!("{s:>w$}"))
+                .collect();
+            println!("{}", line.join("  "));
         }
         println!(
-            "\npeak RSS {rss:.0} MiB (this process; the peer runs in its own); model files {files:.0} MiB; {} new codes per run, median ± half-range of {} runs",
+            "\npeak RSS {rss:.0} MiB (this process; each peer runs in its own); model files {files:.0} MiB; {} new codes per run, median ± half-range of {} runs",
             args.new_tokens, args.runs
         );
+        for p in &peers {
+            let agree: Vec<String> = ours
+                .iter()
+                .zip(&p.per_prompt)
+                .map(|(o, r)| {
+                    format!(
+                        "{}/{}",
+                        leading_agreement(&o.last_ids, &r.tokens),
+                        o.last_ids.len()
+                    )
+                })
+                .collect();
+            println!(
+                "{}: {} on {}; greedy tokens equal to ours from the start: {}",
+                p.label,
+                p.version,
+                p.model.display(),
+                agree.join(", ")
+            );
+        }
+        if let Some(note) = llama_note {
+            println!("{note}");
+        }
         return Ok(());
     }
     let synth = Synthesizer::load(&cfg)?;
@@ -1149,32 +1228,144 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
     Ok(())
 }
 
-/// onnxruntime-genai's own loop on the same prompts: (prefill ms, decode tok/s) per prompt length.
-fn oga_peer(
-    model: &Path,
-    c: &onebit_tts::engine::Candidates,
-    text_ids: &[u32],
-    lens: &[usize],
+/// The command that makes the llama.cpp peer's model from a package.
+fn llama_howto(peer_dir: &Path) -> String {
+    format!(
+        "scripts/setup-llama-peer.sh && .onebit/venv/bin/python tools/onnx_to_gguf.py {}",
+        peer_dir.display()
+    )
+}
+
+/// A peer engine: its own generation loop, run by a script of benches/peers/ in its own process
+/// on the same prompts (stdin/stdout JSON, see benches/peers/oga_bench.py).
+struct Peer {
+    /// Key in the JSON report.
+    key: &'static str,
+    /// Name in the table and messages.
+    label: &'static str,
+    /// Ratio column suffix (`x oga`).
+    short: &'static str,
+    python: PathBuf,
+    /// Relative to the checkout (resolved like a model directory).
+    script: PathBuf,
+    model: PathBuf,
+    /// How to install what the peer needs, for error messages.
+    setup: String,
+}
+
+impl Peer {
+    /// onnxruntime-genai's greedy loop on an onnxruntime-genai package.
+    fn oga(dir: &Path) -> Result<Self> {
+        let python = onebit_tts::paths::in_homes("venv/bin/python")
+            .into_iter()
+            .find(|p| p.exists())
+            .context("the onnxruntime-genai peer needs .onebit/venv (scripts/setup.sh)")?;
+        Ok(Self {
+            key: "onnxruntime_genai",
+            label: "oga",
+            short: "oga",
+            python,
+            script: "benches/peers/oga_bench.py".into(),
+            model: dir.to_path_buf(),
+            setup: "scripts/setup.sh".into(),
+        })
+    }
+
+    /// llama.cpp's loop on a Q4_0 GGUF: `--llama-gguf`, else `PEER_DIR-q4_0.gguf` beside the peer
+    /// package (what tools/onnx_to_gguf.py writes by default). `Ok(Err(note))` when no GGUF was
+    /// asked for and none is there: the bench runs without it and prints the note.
+    fn llama(gguf: Option<&Path>, peer_dir: &Path) -> Result<std::result::Result<Self, String>> {
+        let howto = llama_howto(peer_dir);
+        let model = match gguf {
+            Some(p) => {
+                let p = resolve_dir(p);
+                if !p.is_file() {
+                    bail!(
+                        "--llama-gguf {}: no such file; make the llama.cpp peer's model with: {howto} [--out FILE]",
+                        p.display()
+                    );
+                }
+                p
+            }
+            None => {
+                let name = peer_dir
+                    .file_name()
+                    .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+                let p = peer_dir.with_file_name(format!("{name}-q4_0.gguf"));
+                if !p.is_file() {
+                    return Ok(Err(format!(
+                        "llama.cpp peer not run: no {} (and no --llama-gguf); to add it: {howto}",
+                        p.display()
+                    )));
+                }
+                p
+            }
+        };
+        let python = onebit_tts::paths::in_homes("llama/venv/bin/python")
+            .into_iter()
+            .find(|p| p.exists())
+            .with_context(|| {
+                format!(
+                    "the llama.cpp peer needs llama.cpp built into .onebit/llama (scripts/setup-llama-peer.sh) for {}",
+                    model.display()
+                )
+            })?;
+        Ok(Ok(Self {
+            key: "llama_cpp",
+            label: "llama.cpp",
+            short: "llama",
+            python,
+            script: "benches/peers/llama_bench.py".into(),
+            model,
+            setup: "scripts/setup-llama-peer.sh".into(),
+        }))
+    }
+}
+
+/// One peer's measurements, per prompt length.
+struct PeerRun {
+    key: &'static str,
+    label: &'static str,
+    short: &'static str,
+    model: PathBuf,
+    version: String,
+    settings: serde_json::Value,
+    per_prompt: Vec<PeerResult>,
+}
+
+struct PeerResult {
+    prefill_ms: onebit_tts::bench::Stat,
+    decode_tok_per_s: onebit_tts::bench::Stat,
+    /// The new ids of the peer's last run (empty when its script does not say).
+    tokens: Vec<u32>,
+}
+
+/// Runs a peer's script on the prompts: exactly `new_tokens` greedy tokens, one warm-up and
+/// `runs` measured runs per prompt.
+fn run_peer(
+    peer: &Peer,
+    prompts: &[Vec<u32>],
     new_tokens: usize,
     runs: usize,
-) -> Result<Vec<(onebit_tts::bench::Stat, onebit_tts::bench::Stat)>> {
+    threads: Option<usize>,
+) -> Result<PeerRun> {
     use std::io::Write as _;
-    let prompts: Vec<Vec<u32>> = lens
-        .iter()
-        .map(|&n| onebit_tts::bench::synthetic_prompt(c, text_ids, n))
-        .collect();
-    let py = onebit_tts::paths::in_homes("venv/bin/python")
-        .into_iter()
-        .find(|p| p.exists())
-        .context("the peer needs .onebit/venv (scripts/setup.sh)")?;
-    let script = resolve_dir(Path::new("benches/peers/oga_bench.py"));
-    let mut child = std::process::Command::new(py)
+    let script = resolve_dir(&peer.script);
+    let mut child = std::process::Command::new(&peer.python)
         .arg(&script)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .context("starting the onnxruntime-genai peer")?;
-    let req = serde_json::json!({"model": model, "prompts": prompts, "new_tokens": new_tokens, "runs": runs});
+        .with_context(|| {
+            format!(
+                "starting the {} peer ({} {})",
+                peer.label,
+                peer.python.display(),
+                script.display()
+            )
+        })?;
+    let req = serde_json::json!({"model": peer.model, "prompts": prompts, "new_tokens": new_tokens,
+        "runs": runs, "threads": threads});
     child
         .stdin
         .take()
@@ -1182,24 +1373,65 @@ fn oga_peer(
         .write_all(req.to_string().as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
-        bail!("the onnxruntime-genai peer failed ({})", out.status);
+        bail!(
+            "the {} peer failed ({}) on {}; its messages are above (setup: {})",
+            peer.label,
+            out.status,
+            peer.model.display(),
+            peer.setup
+        );
     }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let mut res = Vec::new();
-    for r in v["results"].as_array().context("peer output")? {
-        let f = |k: &str| -> Vec<f64> {
-            r[k].as_array()
-                .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
-                .unwrap_or_default()
-        };
-        res.push((
-            onebit_tts::bench::Stat::of(
-                &f("prefill_s").iter().map(|s| s * 1e3).collect::<Vec<_>>(),
-            ),
-            onebit_tts::bench::Stat::of(&f("decode_tok_per_s")),
-        ));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("reading the {} peer's output", peer.label))?;
+    let results = v["results"]
+        .as_array()
+        .with_context(|| format!("the {} peer's output has no results", peer.label))?;
+    if results.len() != prompts.len() {
+        bail!(
+            "the {} peer answered {} of {} prompts",
+            peer.label,
+            results.len(),
+            prompts.len()
+        );
     }
-    Ok(res)
+    let per_prompt = results
+        .iter()
+        .map(|r| {
+            let f = |k: &str| -> Vec<f64> {
+                r[k].as_array()
+                    .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+                    .unwrap_or_default()
+            };
+            PeerResult {
+                prefill_ms: onebit_tts::bench::Stat::of(
+                    &f("prefill_s").iter().map(|s| s * 1e3).collect::<Vec<_>>(),
+                ),
+                decode_tok_per_s: onebit_tts::bench::Stat::of(&f("decode_tok_per_s")),
+                tokens: r["tokens"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|x| x.as_u64().map(|t| t as u32))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    Ok(PeerRun {
+        key: peer.key,
+        label: peer.label,
+        short: peer.short,
+        model: peer.model.clone(),
+        version: v["version"].as_str().unwrap_or("?").to_owned(),
+        settings: v["settings"].clone(),
+        per_prompt,
+    })
+}
+
+/// How many tokens two greedy runs share from the start.
+fn leading_agreement(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// An error already reported on stdout (doctor's FAIL lines): exit 1 without an extra line.
@@ -1277,7 +1509,95 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use clap::CommandFactory as _;
+
+    #[test]
+    fn leading_agreement_counts_the_common_start() {
+        assert_eq!(leading_agreement(&[1, 2, 3], &[1, 2, 3]), 3);
+        assert_eq!(leading_agreement(&[1, 2, 3], &[1, 9, 3]), 1);
+        assert_eq!(leading_agreement(&[1, 2, 3], &[]), 0);
+        assert_eq!(leading_agreement(&[1, 2], &[1, 2, 3]), 2);
+    }
+
+    #[test]
+    fn llama_peer_default_gguf_sits_beside_the_package() {
+        let dir = std::env::temp_dir().join(format!("onebit-llama-peer-{}", std::process::id()));
+        let pkg = dir.join("pkg");
+        std::fs::create_dir_all(&pkg).unwrap();
+        // No GGUF asked for and none there: a note on how to make it, not an error.
+        let slash = PathBuf::from(format!("{}/", pkg.display()));
+        for p in [&pkg, &slash] {
+            match Peer::llama(None, p).unwrap() {
+                Err(note) => {
+                    assert!(
+                        note.contains(&dir.join("pkg-q4_0.gguf").display().to_string()),
+                        "{note}"
+                    );
+                    assert!(note.contains("scripts/setup-llama-peer.sh"), "{note}");
+                    assert!(note.contains("tools/onnx_to_gguf.py"), "{note}");
+                }
+                Ok(_) => panic!("no GGUF exists"),
+            }
+        }
+        // A GGUF asked for that is not there: an error saying how to make it.
+        let e = Peer::llama(Some(&dir.join("missing.gguf")), &pkg)
+            .err()
+            .expect("missing --llama-gguf is an error")
+            .to_string();
+        assert!(
+            e.contains("missing.gguf") && e.contains("scripts/setup-llama-peer.sh"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn run_peer_reads_the_peer_contract_and_reports_failures() {
+        let dir = std::env::temp_dir().join(format!("onebit-run-peer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = dir.join("ok.sh");
+        std::fs::write(
+            &ok,
+            r#"cat > /dev/null
+echo '{"version": "fake 1", "settings": {"threads": 2}, "results": [
+ {"prompt_tokens": 3, "prefill_s": [0.5, 0.25, 0.75], "decode_tok_per_s": [10, 30, 20], "tokens": [7, 8]},
+ {"prompt_tokens": 5, "prefill_s": [1.0], "decode_tok_per_s": [5]}]}'
+"#,
+        )
+        .unwrap();
+        let peer = |script: &Path| Peer {
+            key: "fake",
+            label: "fake",
+            short: "fake",
+            python: PathBuf::from("/bin/sh"),
+            script: script.to_path_buf(),
+            model: dir.clone(),
+            setup: "nothing".into(),
+        };
+        let prompts = vec![vec![1, 2, 3], vec![1, 2, 3, 4, 5]];
+        let r = run_peer(&peer(&ok), &prompts, 2, 3, None).unwrap();
+        assert_eq!(r.version, "fake 1");
+        assert_eq!(r.settings["threads"], 2);
+        assert_eq!(r.per_prompt.len(), 2);
+        assert_eq!(r.per_prompt[0].prefill_ms.median, 500.0);
+        assert_eq!(r.per_prompt[0].decode_tok_per_s.median, 20.0);
+        assert_eq!(r.per_prompt[0].tokens, vec![7, 8]);
+        assert!(r.per_prompt[1].tokens.is_empty());
+        // one prompt short: refused
+        let three = vec![vec![1], vec![2], vec![3]];
+        let e = run_peer(&peer(&ok), &three, 2, 3, None).err().unwrap();
+        assert!(e.to_string().contains("answered 2 of 3"), "{e}");
+        // a failing script: its exit status and the setup hint
+        let bad = dir.join("bad.sh");
+        std::fs::write(&bad, "cat > /dev/null; echo boom >&2; exit 3\n").unwrap();
+        let e = run_peer(&peer(&bad), &prompts, 2, 3, None).err().unwrap();
+        assert!(
+            e.to_string().contains("fake peer failed") && e.to_string().contains("nothing"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// clap checks a command's definition (duplicate argument ids, ...) only in debug builds and
     /// only when that subcommand is parsed; this checks every subcommand at once.

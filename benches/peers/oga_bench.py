@@ -1,7 +1,8 @@
 """onnxruntime-genai's own generation loop on the same prompts, for `onebit-tts bench --peers`.
 
 stdin: {"model": DIR, "prompts": [[ids...]...], "new_tokens": N, "runs": R}
-stdout: {"version": ..., "results": [{"prompt_tokens", "prefill_s": [...], "decode_tok_per_s": [...]}]}
+stdout: {"version": ..., "results": [{"prompt_tokens", "prefill_s": [...], "decode_tok_per_s": [...],
+         "tokens": [new ids of the last run]}]}
 Greedy, exactly N new tokens (min_length = max_length = prompt + N, so no eos ends a run early),
 one warm-up run per prompt, as the Rust side does.
 """
@@ -20,7 +21,7 @@ def main():
     n = req["new_tokens"]
     results = []
     for prompt in req["prompts"]:
-        pre, dec = [], []
+        pre, dec, last = [], [], []
         for r in range(req["runs"] + 1):
             params = og.GeneratorParams(model)
             total = len(prompt) + n
@@ -34,13 +35,15 @@ def main():
                 gen.generate_next_token()
                 made += 1
             t2 = time.perf_counter()
+            seq = gen.get_sequence(0)
             del gen
             if r == 0:
                 continue
             pre.append(t1 - t0)
             # The first token comes from the prefill's logits; the loop runs the model made-1 times.
             dec.append((made - 1) / (t2 - t1))
-        results.append({"prompt_tokens": len(prompt), "prefill_s": pre, "decode_tok_per_s": dec})
+            last = [int(t) for t in seq[len(prompt):]]
+        results.append({"prompt_tokens": len(prompt), "prefill_s": pre, "decode_tok_per_s": dec, "tokens": last})
     json.dump({"version": getattr(og, "__version__", "?"), "results": results}, sys.stdout)
 
 

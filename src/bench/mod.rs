@@ -348,6 +348,9 @@ pub struct EngineRun {
     pub prefill_ms: Stat,
     pub prefill_tok_per_s: Stat,
     pub decode_codes_per_s: Stat,
+    /// Token ids of the last measured run's codes (for the peers' greedy-agreement check).
+    #[serde(skip)]
+    pub last_ids: Vec<u32>,
 }
 
 /// Deterministic synthetic prompts of `n` tokens: the NeuTTS layout (text part, then speech
@@ -389,7 +392,7 @@ pub fn engine_only(
             min_new_tokens: new_tokens,
             max_new_tokens: Some(new_tokens),
         };
-        let (mut pre, mut dec) = (Vec::new(), Vec::new());
+        let (mut pre, mut dec, mut last_ids) = (Vec::new(), Vec::new(), Vec::new());
         // One warm-up run: first-run allocations and page faults are not the steady state.
         for r in 0..=runs {
             progress(
@@ -407,6 +410,7 @@ pub fn engine_only(
             pre.push(g.prefill.as_secs_f64());
             // The first code comes out of the prefill; the decode loop makes the rest.
             dec.push((g.codes.len().saturating_sub(1)) as f64 / g.decode.as_secs_f64().max(1e-9));
+            last_ids = g.codes.iter().map(|&code| c.speech_first + code).collect();
         }
         out.push(EngineRun {
             prompt_tokens: n,
@@ -414,6 +418,7 @@ pub fn engine_only(
             prefill_ms: Stat::of(&pre.iter().map(|s| s * 1e3).collect::<Vec<_>>()),
             prefill_tok_per_s: Stat::of(&pre.iter().map(|s| n as f64 / s).collect::<Vec<_>>()),
             decode_codes_per_s: Stat::of(&dec),
+            last_ids,
         });
     }
     Ok(out)
