@@ -67,7 +67,8 @@ struct ModelArgs {
     /// processes, where spinning wastes the time slices the other pool threads need).
     #[arg(long, env = "ONEBIT_SPIN", value_parser = parse_on_off)]
     spin: Option<bool>,
-    /// KV cache handling (default: the package's search.past_present_share_buffer).
+    /// KV cache handling: shared (one buffer bound as past and present, grown by doubling; the
+    /// default) or growing (a new present tensor per step).
     #[arg(long, value_parser = parse_kv)]
     kv: Option<KvMode>,
     /// Generation loop: ort (ours, in-process ONNX Runtime) or oga (onnxruntime-genai).
@@ -513,6 +514,7 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
             threads: m.thread_policy,
             spin: m.spin,
             kv_mode: m.kv,
+            kv_capacity: None,
             prefill_chunk: None,
             device: Default::default(),
         },

@@ -2,8 +2,10 @@
 //!
 //! It feeds exactly the inputs the graph declares, under the names genai_config.json gives, and
 //! keeps the KV cache either as growing tensors (each step's `present.*` becomes the next step's
-//! `past_key_values.*`, no copy) or as one static buffer of `search.max_length` bound as both past
-//! and present (`past_present_share_buffer`), which GroupQueryAttention updates in place.
+//! `past_key_values.*`: a new, longer tensor per layer per step) or as one buffer bound as both
+//! past and present (`past_present_share_buffer`), which GroupQueryAttention updates in place.
+//! The shared buffer starts at [`SHARED_KV_START`] positions and doubles when a sequence needs
+//! more (up to the budget), so a 32k-context package does not hold 32k positions for a sentence.
 
 use std::path::Path;
 
@@ -18,13 +20,18 @@ use super::{Backbone, EngineError, LogitsLayout};
 use crate::package::genai::layer_name;
 use crate::package::{BackbonePackage, ModelPackage};
 
+/// Positions a shared KV buffer starts with: a long sentence's prompt and codes (a voice's
+/// reference is ~400 tokens, 20 s of speech 1,000 codes) without growing; 25 MB for the real
+/// NeuTTS-air shape.
+pub const SHARED_KV_START: usize = 2048;
+
 /// How the KV cache is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KvMode {
     /// Present tensors grow by one position per step.
     Growing,
-    /// One buffer of the full budget, shared by past and present (OGA's share-buffer mode).
+    /// One buffer shared by past and present (OGA's share-buffer mode), grown by doubling.
     Shared,
 }
 
@@ -39,6 +46,9 @@ pub struct OrtOptions {
     #[serde(default)]
     pub spin: Option<bool>,
     pub kv_mode: Option<KvMode>,
+    /// Shared mode: positions the buffer starts with (default [`SHARED_KV_START`]).
+    #[serde(default)]
+    pub kv_capacity: Option<usize>,
     /// Prompt tokens per prefill run; `None` prefills in one run.
     pub prefill_chunk: Option<usize>,
     /// The execution provider (`Device::Npu` only works in a process started with the NPU
@@ -67,6 +77,9 @@ pub struct OrtBackbone {
     layout: LogitsLayout,
     budget: usize,
     mode: KvMode,
+    /// Shared mode: the buffers' positions now, and what a fresh engine starts with.
+    capacity: usize,
+    start_capacity: usize,
     prefill_chunk: Option<usize>,
     /// Growing mode: the tensors fed as past next step (k, v per layer). Shared mode: the buffers.
     past: Vec<(DynValue, DynValue)>,
@@ -229,13 +242,11 @@ impl OrtBackbone {
             )));
         }
         let position_ids = has_input(&d.inputs.position_ids).then(|| d.inputs.position_ids.clone());
-        let mode = opts
-            .kv_mode
-            .unwrap_or(if pkg.genai.search.past_present_share_buffer {
-                KvMode::Shared
-            } else {
-                KvMode::Growing
-            });
+        // Shared by default whatever the package's search.past_present_share_buffer says (that
+        // flag is onnxruntime-genai's, and its CPU packages set it false): the growing mode
+        // allocates and fills a longer tensor per layer every step, which measured 0.6x of the
+        // shared buffer's decode speed at 2048 tokens of context (docs/performance.md).
+        let mode = opts.kv_mode.unwrap_or(KvMode::Shared);
         let budget = pkg.genai.token_budget();
         let layout = match &pkg.logits.speech_head {
             Some(h) => LogitsLayout::Speech(h.clone()),
@@ -268,7 +279,10 @@ impl OrtBackbone {
             d.num_hidden_layers,
             match mode {
                 KvMode::Growing => "growing".to_owned(),
-                KvMode::Shared => format!("shared buffer of {budget}"),
+                KvMode::Shared => format!(
+                    "shared buffer from {} positions",
+                    opts.kv_capacity.unwrap_or(SHARED_KV_START).min(budget)
+                ),
             },
             if pkg.logits.speech_head.is_some() {
                 format!("speech head of {width}, ")
@@ -305,6 +319,11 @@ impl OrtBackbone {
             layout,
             budget,
             mode,
+            capacity: 0,
+            start_capacity: opts
+                .kv_capacity
+                .unwrap_or(SHARED_KV_START)
+                .clamp(1, budget.max(1)),
             prefill_chunk: opts.prefill_chunk.filter(|&c| c > 0),
             past: Vec::new(),
             len: 0,
@@ -413,6 +432,37 @@ impl OrtBackbone {
         Ok(())
     }
 
+    /// Shared mode: grows the buffers (doubling, at most the budget) so `needed` positions fit,
+    /// keeping the `len` positions already written.
+    fn ensure_capacity(&mut self, needed: usize) -> Result<(), EngineError> {
+        if self.mode != KvMode::Shared || needed <= self.capacity {
+            return Ok(());
+        }
+        let cap = needed.max(self.capacity * 2).min(self.budget);
+        let (heads, old_cap, len) = (self.kv_heads, self.capacity, self.len);
+        let row = self.head_size;
+        let grown = |old: &DynValue| -> Result<DynValue, EngineError> {
+            let (_, src) = old.try_extract_tensor::<f32>()?;
+            let mut t = Tensor::<f32>::new(&Allocator::default(), [1usize, heads, cap, row])?;
+            let dst = t.extract_tensor_mut().1;
+            dst.fill(0.0);
+            // [1, heads, positions, head_size]: each head's first `len` rows move over.
+            for h in 0..heads {
+                let (from, to) = (h * old_cap * row, h * cap * row);
+                dst[to..to + len * row].copy_from_slice(&src[from..from + len * row]);
+            }
+            Ok(t.into_dyn())
+        };
+        let mut past = Vec::with_capacity(self.past.len());
+        for (k, v) in &self.past {
+            past.push((grown(k)?, grown(v)?));
+        }
+        tracing::debug!(from = old_cap, to = cap, "shared KV buffer grown");
+        self.past = past;
+        self.capacity = cap;
+        Ok(())
+    }
+
     /// The execution providers the session was built with, in priority order.
     pub fn providers(&self) -> &[String] {
         &self.providers
@@ -438,12 +488,13 @@ impl Backbone for OrtBackbone {
         self.len = 0;
         let seq = match self.mode {
             KvMode::Growing => 0,
-            KvMode::Shared => self.budget,
+            KvMode::Shared => self.start_capacity,
         };
-        // Shared buffers are allocated once; growing ones restart empty.
+        // Shared buffers are kept at the largest size used so far; growing ones restart empty.
         if self.mode == KvMode::Shared && self.past.len() == self.names.past.len() {
             return;
         }
+        self.capacity = seq;
         let mut past = Vec::with_capacity(self.names.past.len());
         for _ in 0..self.names.past.len() {
             match (self.kv_tensor(seq), self.kv_tensor(seq)) {
@@ -470,7 +521,9 @@ impl Backbone for OrtBackbone {
             });
         }
         let chunk = self.prefill_chunk.unwrap_or(tokens.len()).max(1);
-        let result = tokens.chunks(chunk).try_for_each(|c| self.run_chunk(c));
+        let result = self
+            .ensure_capacity(self.len + tokens.len())
+            .and_then(|()| tokens.chunks(chunk).try_for_each(|c| self.run_chunk(c)));
         if let Err(e) = result {
             // A failed run leaves the cache in an unknown state; the next request starts clean.
             self.past.clear();

@@ -335,8 +335,11 @@ pub fn load_ort(
 ) {
     let pkg = onebit_tts::package::ModelPackage::load(dir, None).unwrap();
     let env = onebit_tts::runtime::environment(None).unwrap();
+    // A shared buffer of 16 positions grows several times in every test sequence, so parity
+    // and recovery tests cover the growth too.
     let opts = onebit_tts::engine::OrtOptions {
         kv_mode: Some(kv),
+        kv_capacity: Some(16),
         ..onebit_tts::engine::OrtOptions::default()
     };
     let b = onebit_tts::engine::OrtBackbone::load(env, &pkg, &opts).unwrap();
