@@ -9,7 +9,8 @@ GroupQueryAttention with rotary caches, SkipSimplifiedLayerNormalization, SiLU M
 MatMulNBits lm_head), with weights chosen so that greedy decoding is predictable.
 
     python tools/gen_models.py --out DIR [--variant chain|random|textbias]
-                               [--real-shape] [--voice-out FILE] [--encoder-out FILE]
+                               [--real-shape] [--codec real|tiny] [--voice-out FILE]
+                               [--encoder-out FILE]
 
 Variants (see tools/README.md):
   chain     after <|speech_c|> the greedy next token is <|speech_{c+1}|> (mod 65536);
@@ -19,6 +20,11 @@ Variants (see tools/README.md):
   textbias  chain, but a few text ids (and a padding id) beat every speech id in the raw
             full-vocabulary argmax; restricted to speech ids + END it is the chain.
   random    strong random attention/MLP, no chain; non-speech ids never win, END never wins.
+
+Codec (codec/model.onnx, codes int32 [B,1,F] -> audio float32 [B,1,F*480]):
+  tiny      a few-KB stand-in (Fourier codebook, one conv); the default without --real-shape.
+  real      the NeuCodec decoder's assumed shape (FSQ, VocosBackbone, ISTFT head; ~190M random
+            float32 parameters, 765 MB, ~30 s); the default with --real-shape.
 
 Only the Python standard library, numpy and onnx are used. Output is byte-identical
 on every run (fixed seeds, legacy numpy RandomState streams, no BLAS reductions).
@@ -794,6 +800,250 @@ def build_codec(path):
         f.write(model.SerializeToString(deterministic=True))
 
 
+# ---------------------------------------------------------------------------------------
+# Real-shape NeuCodec decoder (random weights)
+# ---------------------------------------------------------------------------------------
+
+# The decoder's assumed shape, from the public XCodec2 / NeuCodec descriptions (not from the
+# vendor's ONNX, which cannot be downloaded here): FSQ codes (8 digits of 4 levels) -> project_out
+# Linear(8, 2048) -> fc_post_a Linear(2048, 1024) -> VocosBackbone (embed Conv1d k7, 2 ResnetBlocks,
+# 12 pre-RMSNorm transformer blocks with 16 rotary heads of 64, non-causal, SiLU MLP x4,
+# 2 ResnetBlocks, LayerNorm) -> ISTFTHead (Linear to n_fft + 2, exp-magnitude clipped at 100 and
+# phase, irfft with a periodic Hann window, overlap-add at the hop, divided by the window-square
+# envelope, "same" padding). About 190M float32 parameters.
+NEUCODEC = dict(
+    fsq_digits=8, fsq_levels=4, vq_dim=2048, hidden=1024, depth=12, heads=16, head_dim=64,
+    mlp=4096, resnets=2, groups=32, embed_kernel=7, n_fft=4 * HOP, hop=HOP, rope_base=10000.0,
+    # ISTFT head: log-magnitude bias falls linearly from mag_log0 (natural log) at DC by mag_tilt
+    # at Nyquist; weight std of the log-magnitude and phase columns (LayerNorm output is ~unit)
+    mag_log0=2.5, mag_tilt=3.0, mag_std=0.3, phase_std=3.0,
+)
+NEUCODEC_EPS = 1e-6
+# Name of the head's Linear output [B, F, n_fft + 2] (log-magnitudes, then phases): tests feed a
+# spectrum there to check the irfft + overlap-add against numpy.
+NEUCODEC_SPEC = "/head/out/Add/output_0"
+
+
+def hann_periodic(n):
+    return 0.5 - 0.5 * np.cos(2.0 * math.pi * np.arange(n, dtype=np.float64) / n)
+
+
+def irfft_basis(n_fft):
+    """[n_fft + 2, n_fft] float32: [Re; Im] of the n_fft/2 + 1 bins -> one Hann-windowed frame.
+
+    Row k of the Re half is c_k cos(2 pi k n / N) / N * w[n], of the Im half -c_k sin(...) / N * w[n],
+    with c_k = 1 at DC and Nyquist and 2 between, so [Re, Im] @ basis = irfft(Re + i Im, N) * w
+    (like numpy's and torch's irfft, the imaginary parts of DC and Nyquist are ignored).
+    """
+    bins = n_fft // 2 + 1
+    k = np.arange(bins, dtype=np.int64)[:, None]
+    n = np.arange(n_fft, dtype=np.int64)[None, :]
+    ang = ((k * n) % n_fft).astype(np.float64) * (2.0 * math.pi / n_fft)  # exact phase
+    c = np.full((bins, 1), 2.0)
+    c[0], c[-1] = 1.0, 1.0
+    w = hann_periodic(n_fft)[None, :]
+    re = c * np.cos(ang) / n_fft * w
+    im = -c * np.sin(ang) / n_fft * w
+    im[0], im[-1] = 0.0, 0.0
+    return np.concatenate([re, im], axis=0).astype(np.float32)
+
+
+def build_neucodec(path, dims=None):
+    """A NeuCodec-decoder-shaped ONNX (opset 17) with random weights: codes int32 [B,1,F] ->
+    audio float32 [B,1,F*hop]. `dims` overrides NEUCODEC (tests build it narrow and shallow)."""
+    d = dict(NEUCODEC, **(dims or {}))
+    D, H, hd, V = d["hidden"], d["heads"], d["head_dim"], d["vq_dim"]
+    nq, lv, G = d["fsq_digits"], d["fsq_levels"], d["groups"]
+    n_fft, hop = d["n_fft"], d["hop"]
+    bins = n_fft // 2 + 1
+    assert H * hd == D and D % G == 0 and n_fft == 4 * hop and lv ** nq == N_SPEECH
+    g = Graph()
+
+    def normal(name, shape, std, mean=0.0):
+        # float32 straight from the legacy stream (byte-identical across numpy versions)
+        a = rs("neucodec", name, *shape).standard_normal(shape)
+        return g.init(name, (a * std + mean).astype(np.float32))
+
+    def op(kind, name, inputs, **attrs):
+        return g.node(kind, name, inputs, [name + "/output_0"], **attrs)
+
+    def const(name, value, dtype=np.int64):
+        return g.init(name, np.array(value, dtype=dtype))
+
+    def linear(x, module, n_in, n_out, std, bias_std=None):
+        p = "/" + module.replace(".", "/")
+        w = normal(module + ".weight", (n_in, n_out), std)
+        y = op("MatMul", p + "/MatMul", [x, w])
+        if bias_std is not None:
+            y = op("Add", p + "/Add", [y, normal(module + ".bias", (n_out,), bias_std)])
+        return y
+
+    def conv(x, module, k, std):
+        p = "/" + module.replace(".", "/")
+        w = normal(module + ".weight", (D, D, k), std)
+        b = normal(module + ".bias", (D,), 0.02)
+        return op("Conv", p + "/Conv", [x, w, b], kernel_shape=[k], pads=[k // 2, k // 2])
+
+    def swish(x, p):
+        return op("Mul", p + "/Mul", [x, op("Sigmoid", p + "/Sigmoid", [x])])
+
+    def group_norm(x, module):
+        # GroupNorm(G, D, eps 1e-6) as torch exports it at opset 17: InstanceNormalization over
+        # [B, G, D/G * F], then the per-channel affine
+        p = "/" + module.replace(".", "/")
+        shape = op("Shape", p + "/Shape", [x])
+        y = op("Reshape", p + "/Reshape", [x, const(module + ".groups_shape", [0, G, -1])])
+        y = op("InstanceNormalization", p + "/InstanceNormalization",
+               [y, const(module + ".ones", np.ones(G), np.float32), const(module + ".zeros", np.zeros(G), np.float32)],
+               epsilon=NEUCODEC_EPS)
+        y = op("Reshape", p + "/Reshape_1", [y, shape])
+        y = op("Mul", p + "/Mul", [y, normal(module + ".weight", (D, 1), 0.1, 1.0)])
+        return op("Add", p + "/Add", [y, normal(module + ".bias", (D, 1), 0.1)])
+
+    def resnet(x, module):
+        # h = conv2(swish(norm2(conv1(swish(norm1(x)))))); x + h   ([B, D, F])
+        p = "/" + module.replace(".", "/")
+        h = swish(group_norm(x, module + ".norm1"), p + "/act1")
+        h = conv(h, module + ".conv1", 3, 1.0 / math.sqrt(3 * D))
+        h = swish(group_norm(h, module + ".norm2"), p + "/act2")
+        h = conv(h, module + ".conv2", 3, 0.5 / math.sqrt(3 * D))
+        return op("Add", p + "/Add", [x, h])
+
+    def rms_norm(x, module):
+        return op("SimplifiedLayerNormalization", "/" + module.replace(".", "/") + "/LayerNorm",
+                  [x, normal(module + ".weight", (D,), 0.1, 1.0)], epsilon=NEUCODEC_EPS, axis=-1, stash_type=1)
+
+    def rotary(x, p, cos, sin):
+        # rotate-half form of RoPE over the head dimension ([B, H, F, hd])
+        half = hd // 2
+        x1 = op("Slice", p + "/Slice", [x, const(p + ".zero", [0]), const(p + ".half", [half]), const(p + ".axis", [-1])])
+        x2 = op("Slice", p + "/Slice_1", [x, p + ".half", const(p + ".end", [hd]), p + ".axis"])
+        rot = op("Concat", p + "/Concat", [op("Neg", p + "/Neg", [x2]), x1], axis=-1)
+        return op("Add", p + "/Add", [op("Mul", p + "/Mul", [x, cos]), op("Mul", p + "/Mul_1", [rot, sin])])
+
+    def block(x, i, cos, sin):
+        m = f"backbone.transformers.{i}"
+        p = "/" + m.replace(".", "/")
+        h = rms_norm(x, m + ".att_norm")
+        qkv = linear(h, m + ".att.c_attn", D, 3 * D, 1.0 / math.sqrt(D))
+        qkv = op("Reshape", p + "/att/Reshape", [qkv, const(m + ".att.qkv_shape", [0, 0, 3, H, hd])])
+        qkv = op("Transpose", p + "/att/Transpose", [qkv], perm=[2, 0, 3, 1, 4])  # [3, B, H, F, hd]
+        q, k, v = (g.node("Gather", f"{p}/att/Gather_{j}", [qkv, const(f"{m}.att.index_{j}", j)],
+                          [f"{p}/att/Gather_{j}/output_0"], axis=0) for j in range(3))
+        q = rotary(q, p + "/att/rotary_q", cos, sin)
+        k = rotary(k, p + "/att/rotary_k", cos, sin)
+        kt = op("Transpose", p + "/att/Transpose_1", [k], perm=[0, 1, 3, 2])
+        s = op("MatMul", p + "/att/MatMul", [q, kt])
+        s = op("Mul", p + "/att/Mul", [s, const(m + ".att.scale", 1.0 / math.sqrt(hd), np.float32)])
+        a = op("Softmax", p + "/att/Softmax", [s], axis=-1)  # non-causal: every frame sees all
+        a = op("MatMul", p + "/att/MatMul_1", [a, v])
+        a = op("Transpose", p + "/att/Transpose_2", [a], perm=[0, 2, 1, 3])
+        a = op("Reshape", p + "/att/Reshape_1", [a, const(m + ".att.out_shape", [0, 0, D])])
+        a = linear(a, m + ".att.c_proj", D, D, 0.5 / math.sqrt(D))
+        x = op("Add", p + "/Add", [x, a])
+        h = rms_norm(x, m + ".ffn_norm")
+        h = swish(linear(h, m + ".mlp.fc1", D, d["mlp"], 1.0 / math.sqrt(D)), p + "/mlp/act")
+        h = linear(h, m + ".mlp.fc2", d["mlp"], D, 0.5 / math.sqrt(d["mlp"]))
+        return op("Add", p + "/Add_1", [x, h])
+
+    def overlap_add(frames, p):
+        # frames [B, F, n_fft] -> [B, 1, F * hop]: frame f lands at f * hop of a (F + 3) * hop signal
+        # (n_fft = 4 hops: quarter j of frame f goes to hop block f + j), then "same" padding trims
+        # (n_fft - hop) / 2 from each end.
+        q = op("Reshape", p + "/Reshape", [frames, const(p + ".quarters", [0, 0, 4, hop])])
+        parts = [f"{p}/Split/output_{j}" for j in range(4)]
+        g.node("Split", p + "/Split", [q, const(p + ".split", [1, 1, 1, 1])], parts, axis=2)
+        shifted = [op("Pad", f"{p}/Pad_{j}", [parts[j], const(f"{p}.pads_{j}", [0, j, 0, 0, 0, 3 - j, 0, 0])])
+                   for j in range(4)]
+        y = op("Reshape", p + "/Reshape_1", [op("Sum", p + "/Sum", shifted), const(p + ".out_shape", [0, 1, -1])])
+        trim = (n_fft - hop) // 2
+        return op("Slice", p + "/Slice", [y, const(p + ".start", [trim]), const(p + ".end", [-trim]),
+                                          const(p + ".axis", [2])])
+
+    # FSQ: code -> 8 base-4 digits -> (digit - 2) / 2 (vector_quantize_pytorch's indices_to_codes)
+    c = op("Cast", "/quantizer/Cast", ["codes"], to=TensorProto.INT64)
+    c = op("Unsqueeze", "/quantizer/Unsqueeze", [c, const("quantizer.axes", [3])])  # [B, 1, F, 1]
+    c = op("Div", "/quantizer/Div", [c, const("quantizer.basis", [lv ** j for j in range(nq)])])
+    c = op("Mod", "/quantizer/Mod", [c, const("quantizer.levels", lv)], fmod=0)
+    c = op("Cast", "/quantizer/Cast_1", [c], to=TensorProto.FLOAT)
+    c = op("Sub", "/quantizer/Sub", [c, const("quantizer.half_width", lv // 2, np.float32)])
+    c = op("Div", "/quantizer/Div_1", [c, "quantizer.half_width"])
+    c = op("Squeeze", "/quantizer/Squeeze", [c, const("quantizer.squeeze_axes", [1])])  # [B, F, 8]
+    # E[digit^2] = 0.375 for uniform digits
+    x = linear(c, "quantizer.project_out", nq, V, 1.0 / math.sqrt(nq * 0.375), 0.0)
+    x = linear(x, "fc_post_a", V, D, 1.0 / math.sqrt(V), 0.02)
+
+    x = op("Transpose", "/backbone/Transpose", [x], perm=[0, 2, 1])  # [B, D, F]
+    x = conv(x, "backbone.embed", d["embed_kernel"], 1.0 / math.sqrt(d["embed_kernel"] * D))
+    for i in range(d["resnets"]):
+        x = resnet(x, f"backbone.prior_net.{i}")
+    x = op("Transpose", "/backbone/Transpose_1", [x], perm=[0, 2, 1])  # [B, F, D]
+
+    # rotary angles for positions 0..F-1: [F, hd] (the same angle for both halves)
+    f = op("Gather", "/backbone/rotary/Gather", [op("Shape", "/backbone/rotary/Shape", [x]),
+                                                  const("backbone.rotary.index", 1)], axis=0)
+    pos = op("Range", "/backbone/rotary/Range", [const("backbone.rotary.start", 0), f, const("backbone.rotary.delta", 1)])
+    pos = op("Cast", "/backbone/rotary/Cast", [pos], to=TensorProto.FLOAT)
+    pos = op("Unsqueeze", "/backbone/rotary/Unsqueeze", [pos, const("backbone.rotary.axes", [1])])
+    inv = d["rope_base"] ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    ang = op("Mul", "/backbone/rotary/Mul", [pos, const("backbone.rotary.inv_freq", np.concatenate([inv, inv])[None, :], np.float32)])
+    cos = op("Cos", "/backbone/rotary/Cos", [ang])
+    sin = op("Sin", "/backbone/rotary/Sin", [ang])
+    for i in range(d["depth"]):
+        x = block(x, i, cos, sin)
+
+    x = op("Transpose", "/backbone/Transpose_2", [x], perm=[0, 2, 1])
+    for i in range(d["resnets"]):
+        x = resnet(x, f"backbone.post_net.{i}")
+    x = op("Transpose", "/backbone/Transpose_3", [x], perm=[0, 2, 1])
+    x = op("LayerNormalization", "/backbone/final_layer_norm/LayerNormalization",
+           [x, const("backbone.final_layer_norm.weight", np.ones(D), np.float32),
+            const("backbone.final_layer_norm.bias", np.zeros(D), np.float32)], axis=-1, epsilon=NEUCODEC_EPS)
+
+    # ISTFT head. Weights: log-magnitude columns small, phase columns large (random phases);
+    # biases: a falling log-magnitude tilt (output std ~0.1) and uniform phases.
+    r = rs("neucodec", "head.out", D, n_fft + 2)
+    w = np.concatenate([r.standard_normal((D, bins)) * (d["mag_std"] / math.sqrt(D)),
+                        r.standard_normal((D, bins)) * (d["phase_std"] / math.sqrt(D))], axis=1)
+    b = np.concatenate([d["mag_log0"] - d["mag_tilt"] * np.arange(bins) / (bins - 1),
+                        r.uniform(-math.pi, math.pi, bins)])
+    g.init("head.out.weight", w.astype(np.float32))
+    g.init("head.out.bias", b.astype(np.float32))
+    spec = op("Add", "/head/out/Add", [op("MatMul", "/head/out/MatMul", [x, "head.out.weight"]), "head.out.bias"])
+    assert spec == NEUCODEC_SPEC
+    p = "/head/istft"
+    mag_log, phase = f"{p}/Split/output_0", f"{p}/Split/output_1"
+    g.node("Split", p + "/Split", [spec, const("head.split", [bins, bins])], [mag_log, phase], axis=-1)
+    mag = op("Clip", p + "/Clip", [op("Exp", p + "/Exp", [mag_log]), "", const("head.mag_max", 100.0, np.float32)])
+    re = op("Mul", p + "/Mul", [mag, op("Cos", p + "/Cos", [phase])])
+    im = op("Mul", p + "/Mul_1", [mag, op("Sin", p + "/Sin", [phase])])
+    ri = op("Concat", p + "/Concat", [re, im], axis=-1)
+    # irfft as one MatMul against the windowed cos/sin basis: ORT's CPU DFT op is ~3x slower here
+    # (n_fft = 1920 is no power of two, and it needs the Hermitian half rebuilt first)
+    frames = op("MatMul", p + "/irfft/MatMul", [ri, g.init("head.istft.basis", irfft_basis(n_fft))])
+    y = overlap_add(frames, p + "/ola")
+    # window-square envelope for this F: the same overlap-add of w^2 frames
+    nf = op("Gather", p + "/envelope/Gather", [op("Shape", p + "/envelope/Shape", [frames]), const("head.envelope.index", [1])],
+            axis=0)
+    shape = op("Concat", p + "/envelope/Concat", [const("head.envelope.one", [1]), nf, const("head.envelope.n_fft", [n_fft])], axis=0)
+    w2 = const("head.istft.window_sq", (hann_periodic(n_fft) ** 2)[None, None, :], np.float32)
+    env = overlap_add(op("Expand", p + "/envelope/Expand", [w2, shape]), p + "/envelope/ola")
+    g.node("Div", p + "/Div", [y, env], ["audio"])
+
+    graph = helper.make_graph(
+        g.nodes, "neucodec_decoder",
+        [helper.make_tensor_value_info("codes", TensorProto.INT32, ["batch", 1, "frames"])],
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", 1, "samples"])],
+        initializer=g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="onebit-tts tools/gen_models.py", producer_version="1")
+    model.ir_version = 8
+    if os.path.exists(path):
+        os.remove(path)  # never write through a hard link (models optimize links big files)
+    with open(path, "wb") as fh:
+        fh.write(model.SerializeToString(deterministic=True))
+
+
 ENC_RATE = 16000
 ENC_HOP = 320  # 16 kHz / 50 codes per second
 ENC_BITS = 16
@@ -953,8 +1203,11 @@ def write_json(path, obj, indent=4):
         f.write("\n")
 
 
-def generate(out, variant="chain", real_shape=False, encoder=None):
+def generate(out, variant="chain", real_shape=False, encoder=None, codec=None):
+    """codec: "real" (the NeuCodec-shaped decoder, ~765 MB) or "tiny" (a few-KB stand-in); by
+    default real with real_shape, tiny otherwise."""
     shape = dict(REAL if real_shape else TINY)
+    codec = codec or ("real" if real_shape else "tiny")
     os.makedirs(out, exist_ok=True)
     os.makedirs(os.path.join(out, "codec"), exist_ok=True)
     if real_shape:
@@ -977,7 +1230,10 @@ def generate(out, variant="chain", real_shape=False, encoder=None):
     if os.path.exists(data):
         os.remove(data)
     build_decoder(shape, W, ids, os.path.join(out, "model.onnx"), shape["external_data"])
-    build_codec(os.path.join(out, "codec", "model.onnx"))
+    if codec == "real":
+        build_neucodec(os.path.join(out, "codec", "model.onnx"))
+    else:
+        build_codec(os.path.join(out, "codec", "model.onnx"))
     codec_json = {"sample_rate": SAMPLE_RATE, "hop_length": HOP, "decoder": "model.onnx"}
     if encoder is not None:
         codec_json["encoder"] = encoder
@@ -987,6 +1243,7 @@ def generate(out, variant="chain", real_shape=False, encoder=None):
         "generator": "tools/gen_models.py",
         "variant": variant,
         "real_shape": real_shape,
+        "codec": codec,
         "vocab_size": shape["vocab_size"],
         "num_tokens": ids["num_tokens"],
         "base_vocab_size": ids["base"],
@@ -1038,6 +1295,10 @@ def main(argv=None):
     ap.add_argument("--variant", choices=["chain", "random", "textbias"], default="chain")
     ap.add_argument("--real-shape", action="store_true",
                     help="Qwen2-0.5B / NeuTTS-air shape (about 1.1 GB; for benchmarks, never commit)")
+    ap.add_argument("--codec", choices=["real", "tiny"],
+                    help="codec/model.onnx: real = NeuCodec-decoder shape, random weights (~190M parameters, "
+                         "765 MB, ~30 s); tiny = a few-KB stand-in with the same I/O. Default: real with "
+                         "--real-shape, tiny otherwise")
     ap.add_argument("--voice-out", help="also write the test voice JSON here")
     ap.add_argument("--encoder-out",
                     help="also write a tiny NeuCodec-encoder-shaped ONNX here (16 kHz float [B,1,T] -> "
@@ -1046,15 +1307,17 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if not a.out and not a.voice_out and not a.encoder_out:
         ap.error("nothing to do: give --out, --voice-out and/or --encoder-out")
+    if a.codec and not a.out:
+        ap.error("--codec needs --out")
     encoder_in_package = None
     if a.out and a.encoder_out:
         codec_dir = os.path.abspath(os.path.join(a.out, "codec"))
         if os.path.dirname(os.path.abspath(a.encoder_out)) == codec_dir:
             encoder_in_package = os.path.basename(a.encoder_out)
     if a.out:
-        e = generate(a.out, a.variant, a.real_shape, encoder_in_package)
-        print("wrote %s: variant %s, vocab_size %d, speech ids %d..%d, END %d%s" % (
-            a.out, a.variant, e["vocab_size"], e["speech_first_id"], e["speech_first_id"] + N_SPEECH - 1,
+        e = generate(a.out, a.variant, a.real_shape, encoder_in_package, a.codec)
+        print("wrote %s: variant %s, codec %s, vocab_size %d, speech ids %d..%d, END %d%s" % (
+            a.out, a.variant, e["codec"], e["vocab_size"], e["speech_first_id"], e["speech_first_id"] + N_SPEECH - 1,
             e["speech_end_id"], ", end_after_code %d" % e["end_after_code"] if "end_after_code" in e else ""))
     if a.voice_out:
         write_voice(a.voice_out)

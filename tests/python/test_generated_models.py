@@ -7,7 +7,9 @@ Generates the three tiny variants (chain, random, textbias) and the test voice i
 WORKDIR, then checks them with onnxruntime and onnxruntime-genai: I/O contract, greedy
 chain rule, END / runner-up, text bias, KV-cache sensitivity, parity between an
 ORT greedy loop and onnxruntime-genai (also with past_present_share_buffer=true),
-codec shapes, tokenizer, and that a second run is byte-identical.
+codec shapes, tokenizer, and that a second run is byte-identical. The real-shape NeuCodec
+decoder (--codec real) is built narrow and shallow (its builder takes dims) and checked for
+output length, FSQ digits, the irfft + overlap-add against numpy, bounds and determinism.
 Prints "N passed, M failed" and exits non-zero on any failure. No pytest needed.
 """
 
@@ -21,10 +23,14 @@ import time
 import traceback
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+from onnx import helper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GEN = os.path.join(ROOT, "tools", "gen_models.py")
+sys.path.insert(0, os.path.dirname(GEN))
+import gen_models  # noqa: E402  (the real-shape codec builder, called at reduced dims)
 VARIANTS = ("chain", "random", "textbias")
 STEPS = 300
 
@@ -443,6 +449,89 @@ def main():
         d = s.run(None, {"codes": r.randint(0, 65536, (1, 1, 50)).astype(np.int32)})[0][0, 0]
         check("codec: continuous-ish (median |step| < 0.05)", float(np.median(np.abs(np.diff(d)))) < 0.05)
     run_case("codec", codec)
+
+    # ---- real-shape NeuCodec decoder, built at reduced width and depth (full: tools/gen_models.py
+    # --real-shape or --codec real, ~765 MB); the FSQ, rotary attention, ISTFT head and
+    # overlap-add are the same nodes at any width.
+    def neucodec():
+        small = dict(vq_dim=96, hidden=64, depth=2, heads=4, head_dim=16, mlp=256)
+        path = os.path.join(work, "neucodec_small.onnx")
+        t0 = time.time()
+        gen_models.build_neucodec(path, small)
+        check("neucodec: reduced build under 5 s (%.1f s)" % (time.time() - t0), time.time() - t0 < 5)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 2
+        s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        i, o = s.get_inputs()[0], s.get_outputs()[0]
+        check("neucodec I/O", i.name == "codes" and i.type == "tensor(int32)" and i.shape == ["batch", 1, "frames"]
+              and o.name == "audio" and o.type == "tensor(float)")
+        r = np.random.RandomState(5)
+        for F in (1, 7, 25, 81):
+            a = s.run(None, {"codes": r.randint(0, 65536, (1, 1, F)).astype(np.int32)})[0]
+            ok = (a.shape == (1, 1, F * 480) and a.dtype == np.float32 and np.isfinite(a).all()
+                  and np.abs(a).max() <= 1.0 and np.std(a) > 0.02)
+            check("neucodec: %d frames -> %d samples, finite, in [-1, 1]" % (F, F * 480), ok,
+                  "%s max %.3g std %.3g" % (a.shape, np.abs(a).max(), np.std(a)))
+        codes = r.randint(0, 65536, (2, 1, 12)).astype(np.int32)
+        a = s.run(None, {"codes": codes})[0]
+        b = s.run(None, {"codes": codes[1:]})[0]
+        check("neucodec: batch 2", a.shape == (2, 1, 12 * 480) and np.allclose(a[1], b[0], atol=1e-5))
+        c2 = codes[:1].copy()
+        c2[0, 0, 6] = (c2[0, 0, 6] + 4 ** 7) % 65536  # the top FSQ digit only
+        m = s.run(None, {"codes": c2})[0][0, 0].reshape(12, 480)
+        check("neucodec: the top digit of one code changes its frame",
+              np.abs(m[6] - a[0, 0].reshape(12, 480)[6]).max() > 1e-3)
+
+        model = onnx.load(path)
+
+        def sub(names, inp, out, feeds):
+            """Runs the nodes whose names start with one of `names`, from tensor `inp` to `out`."""
+            nodes = [n for n in model.graph.node if n.name.startswith(names)]
+            used = {t for n in nodes for t in n.input}
+            inits = [t for t in model.graph.initializer if t.name in used]
+            gr = helper.make_graph(nodes, "sub", [helper.make_tensor_value_info(inp[0], inp[1], None)],
+                                   [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None)], initializer=inits)
+            mm = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
+            mm.ir_version = 8
+            return ort.InferenceSession(mm.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+        # FSQ: code -> 8 base-4 digits d -> (d - 2) / 2
+        cs = np.array([[[0, 1, 4, 65535, 12345, 4 ** 7, 40000]]], np.int32)
+        q = sub(("/quantizer/",), ("codes", onnx.TensorProto.INT32), "/quantizer/Squeeze/output_0", {"codes": cs})
+        digits = (cs[0, 0, :, None].astype(np.int64) // 4 ** np.arange(8)) % 4
+        check("neucodec: FSQ digits", q.shape == (1, 7, 8) and np.array_equal(q[0], (digits - 2) / 2.0), str(q))
+
+        # the ISTFT head from its spectrum input to audio against numpy's irfft + overlap-add
+        n_fft, hop, bins = 1920, 480, 961
+        w = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
+
+        def reference(spec):  # [F, n_fft + 2] float64 -> F * hop samples
+            F = spec.shape[0]
+            S = np.minimum(np.exp(spec[:, :bins]), 100.0) * np.exp(1j * spec[:, bins:])
+            frames = np.fft.irfft(S, n=n_fft, axis=1) * w
+            y, env = np.zeros((F + 3) * hop), np.zeros((F + 3) * hop)
+            for f in range(F):
+                y[f * hop:f * hop + n_fft] += frames[f]
+                env[f * hop:f * hop + n_fft] += w ** 2
+            pad = (n_fft - hop) // 2
+            return y[pad:-pad] / env[pad:-pad]
+
+        for F in (1, 2, 7, 25, 81):
+            spec = np.concatenate([r.uniform(-2.0, 5.5, (F, bins)),  # above log(100): clipped
+                                   r.uniform(-np.pi, np.pi, (F, bins))], axis=1).astype(np.float32)
+            got = sub(("/head/istft",), (gen_models.NEUCODEC_SPEC, onnx.TensorProto.FLOAT), "audio",
+                      {gen_models.NEUCODEC_SPEC: spec[None]})
+            ref = reference(spec.astype(np.float64))
+            err = float(np.abs(got[0, 0] - ref).max()) if got.shape == (1, 1, F * hop) else float("inf")
+            check("neucodec: irfft + overlap-add = numpy's for %d frames (max err %.1e, peak %.2f)"
+                  % (F, err, np.abs(ref).max()), err < 1e-4)
+
+        again = os.path.join(work, "neucodec_small_again.onnx")
+        gen_models.build_neucodec(again, small)
+        check("neucodec: byte-identical rebuild", filecmp.cmp(path, again, shallow=False))
+        for f in (path, again):
+            os.remove(f)
+    run_case("neucodec", neucodec)
 
 
 if __name__ == "__main__":
