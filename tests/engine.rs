@@ -311,3 +311,41 @@ fn incremental_logits_equal_a_fresh_prefill() {
         }
     }
 }
+
+/// Decode time is the steps alone: a slow `on_code` (a streaming codec, a slow client) is the
+/// caller's stage, so stage timings add up to the wall time instead of counting it twice.
+#[test]
+fn decode_time_leaves_out_the_time_spent_in_on_code() {
+    let (pkg, mut b) = load("tiny", KvMode::Shared);
+    let c = candidates(&pkg);
+    let prompt = &prompts(&pkg)[0];
+    let per_code = std::time::Duration::from_millis(10);
+    let mut in_callback = std::time::Duration::ZERO;
+    let t = std::time::Instant::now();
+    let g = engine::generate(
+        &mut b,
+        &c,
+        prompt,
+        &greedy(0, Some(20)),
+        &CancelToken::new(),
+        &mut |_| {
+            // Busy work of a known length, standing in for the caller's stage.
+            let s = std::time::Instant::now();
+            while s.elapsed() < per_code {
+                std::hint::spin_loop();
+            }
+            in_callback += s.elapsed();
+            ControlFlow::Continue(())
+        },
+    )
+    .unwrap();
+    let wall = t.elapsed();
+    assert_eq!(g.codes.len(), 20);
+    assert!(in_callback >= per_code * 20);
+    assert!(
+        g.prefill + g.decode + in_callback <= wall,
+        "prefill {:?} + decode {:?} + callbacks {in_callback:?} > wall {wall:?}",
+        g.prefill,
+        g.decode
+    );
+}

@@ -206,6 +206,8 @@ pub struct Generation {
     pub prompt_tokens: usize,
     pub seed: u64,
     pub prefill: Duration,
+    /// The decode steps alone: time spent inside `on_code` (a streaming codec, encoding, the
+    /// caller's I/O) is left out, so stage timings add up instead of overlapping.
     pub decode: Duration,
 }
 
@@ -256,6 +258,7 @@ pub fn generate(
     let mut next = sampler.sample(logits, params.min_new_tokens == 0)?;
     out.prefill = t0.elapsed();
     let t1 = Instant::now();
+    let mut in_callback = Duration::ZERO;
     let speech_end = candidates.speech_first + candidates.speech_count;
     loop {
         if candidates.stop_ids.contains(&next) {
@@ -265,7 +268,10 @@ pub fn generate(
         debug_assert!((candidates.speech_first..speech_end).contains(&next));
         let code = next - candidates.speech_first;
         out.codes.push(code);
-        if on_code(code).is_break() || cancel.is_cancelled() {
+        let t = Instant::now();
+        let flow = on_code(code);
+        in_callback += t.elapsed();
+        if flow.is_break() || cancel.is_cancelled() {
             out.stop = StopReason::Cancelled;
             break;
         }
@@ -276,6 +282,6 @@ pub fn generate(
         let logits = backbone.append(&[next])?;
         next = sampler.sample(logits, out.codes.len() >= params.min_new_tokens)?;
     }
-    out.decode = t1.elapsed();
+    out.decode = t1.elapsed().saturating_sub(in_callback);
     Ok(out)
 }
