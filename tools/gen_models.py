@@ -747,6 +747,29 @@ HOP = 480
 SAMPLE_RATE = 24000
 
 
+CODES_IO = ("codes", TensorProto.INT32, "frames")
+AUDIO_IO = ("audio", TensorProto.FLOAT, "samples")
+
+
+def save_single_io(g, path, name, inp, out):
+    """Writes g as an opset-17 model with one [batch, 1, n] input and one output, each given as
+    (name, element type, name of the n dimension). The file is written anew, never through a hard
+    link (`models optimize` links big files between packages)."""
+    graph = helper.make_graph(
+        g.nodes, name,
+        [helper.make_tensor_value_info(inp[0], inp[1], ["batch", 1, inp[2]])],
+        [helper.make_tensor_value_info(out[0], out[1], ["batch", 1, out[2]])],
+        initializer=g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="onebit-tts tools/gen_models.py", producer_version="1")
+    model.ir_version = 8
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if os.path.exists(path):
+        os.remove(path)
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString(deterministic=True))
+
+
 def build_codec(path):
     D, C = 16, 24
     r = rs("codec", D, C)
@@ -788,16 +811,7 @@ def build_codec(path):
     g.node("Mul", "/decoder/out/Mul", ["/decoder/out/Tanh/output_0", "decoder.out.gain"], ["/decoder/out/Mul/output_0"])
     g.init("decoder.out.shape", np.array([0, 1, -1], dtype=np.int64))
     g.node("Reshape", "/decoder/out/Reshape", ["/decoder/out/Mul/output_0", "decoder.out.shape"], ["audio"])
-    graph = helper.make_graph(
-        g.nodes, "neucodec_decoder",
-        [helper.make_tensor_value_info("codes", TensorProto.INT32, ["batch", 1, "frames"])],
-        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", 1, "samples"])],
-        initializer=g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                              producer_name="onebit-tts tools/gen_models.py", producer_version="1")
-    model.ir_version = 8
-    with open(path, "wb") as f:
-        f.write(model.SerializeToString(deterministic=True))
+    save_single_io(g, path, "neucodec_decoder", CODES_IO, AUDIO_IO)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1030,18 +1044,7 @@ def build_neucodec(path, dims=None):
     env = overlap_add(op("Expand", p + "/envelope/Expand", [w2, shape]), p + "/envelope/ola")
     g.node("Div", p + "/Div", [y, env], ["audio"])
 
-    graph = helper.make_graph(
-        g.nodes, "neucodec_decoder",
-        [helper.make_tensor_value_info("codes", TensorProto.INT32, ["batch", 1, "frames"])],
-        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", 1, "samples"])],
-        initializer=g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                              producer_name="onebit-tts tools/gen_models.py", producer_version="1")
-    model.ir_version = 8
-    if os.path.exists(path):
-        os.remove(path)  # never write through a hard link (models optimize links big files)
-    with open(path, "wb") as fh:
-        fh.write(model.SerializeToString(deterministic=True))
+    save_single_io(g, path, "neucodec_decoder", CODES_IO, AUDIO_IO)
 
 
 ENC_RATE = 16000
@@ -1083,18 +1086,7 @@ def build_encoder(path):
     g.node("Cast", "/encoder/Cast", ["/encoder/code_f"], ["/encoder/code_i"], to=TensorProto.INT32)
     g.init("encoder.out_shape", np.array([0, 1, -1], dtype=np.int64))
     g.node("Reshape", "/encoder/out/Reshape", ["/encoder/code_i", "encoder.out_shape"], ["codes"])
-    graph = helper.make_graph(
-        g.nodes, "neucodec_encoder",
-        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", 1, "samples"])],
-        [helper.make_tensor_value_info("codes", TensorProto.INT32, ["batch", 1, "frames"])],
-        initializer=g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                              producer_name="onebit-tts tools/gen_models.py", producer_version="1")
-    model.ir_version = 8
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(model.SerializeToString(deterministic=True))
+    save_single_io(g, path, "neucodec_encoder", AUDIO_IO, CODES_IO)
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import time
-import traceback
 
 import numpy as np
 import onnx
@@ -34,30 +33,12 @@ import gen_models  # noqa: E402  (the real-shape codec builder, called at reduce
 VARIANTS = ("chain", "random", "textbias")
 STEPS = 300
 
-passed = 0
-failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks, load_json  # noqa: E402
 
-
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print("ok    %s" % name)
-    else:
-        failed += 1
-        print("FAIL  %s %s" % (name, detail))
-
-
-def run_case(name, fn):
-    try:
-        fn()
-    except Exception:
-        check(name, False, "raised:\n" + traceback.format_exc())
-
-
-def load_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+CHECKS = Checks()
+check = CHECKS.check
+run_case = CHECKS.run_case
 
 
 def generate(out, variant, voice=None):
@@ -542,5 +523,5 @@ if __name__ == "__main__":
         raise
     except Exception:
         check("test script", False, traceback.format_exc())
-    print("%d passed, %d failed (%.1f s)" % (passed, failed, time.time() - t))
-    sys.exit(1 if failed else 0)
+    print("%d passed, %d failed (%.1f s)" % (CHECKS.passed, CHECKS.failed, time.time() - t))
+    sys.exit(1 if CHECKS.failed else 0)

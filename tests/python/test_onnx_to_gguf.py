@@ -18,12 +18,10 @@ copy with asymmetric zero points is refused.
 Prints "N passed, M failed" and exits non-zero on any failure. No pytest needed.
 """
 
-import json
 import os
 import shutil
 import subprocess
 import sys
-import traceback
 
 import numpy as np
 import onnx
@@ -35,30 +33,12 @@ import gguf
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "onnx_to_gguf.py")
 
-passed = 0
-failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Checks, load_json  # noqa: E402
 
-
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print("ok    %s" % name)
-    else:
-        failed += 1
-        print("FAIL  %s %s" % (name, detail))
-
-
-def run_case(name, fn):
-    try:
-        fn()
-    except Exception:
-        check(name, False, "raised:\n" + traceback.format_exc())
-
-
-def load_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+CHECKS = Checks()
+check = CHECKS.check
+run_case = CHECKS.run_case
 
 
 def convert(pkg, out, *extra):
@@ -359,8 +339,8 @@ def main():
         run_case("%s external: checks" % tag, external)
         run_case("%s: zero points" % tag, zero_points)
 
-    print("%d passed, %d failed" % (passed, failed))
-    sys.exit(1 if failed else 0)
+    print("%d passed, %d failed" % (CHECKS.passed, CHECKS.failed))
+    sys.exit(1 if CHECKS.failed else 0)
 
 
 if __name__ == "__main__":
