@@ -1286,7 +1286,7 @@ def main(argv=None):
     ap.add_argument("--out", help="output directory for the model package")
     ap.add_argument("--variant", choices=["chain", "random", "textbias"], default="chain")
     ap.add_argument("--real-shape", action="store_true",
-                    help="Qwen2-0.5B / NeuTTS-air shape (about 1.1 GB; for benchmarks, never commit)")
+                    help="Qwen2-0.5B / NeuTTS-air shape (about 1.1 GB, plus the 765 MB real-shape codec; for benchmarks, never commit)")
     ap.add_argument("--codec", choices=["real", "tiny"],
                     help="codec/model.onnx: real = NeuCodec-decoder shape, random weights (~190M parameters, "
                          "765 MB, ~30 s); tiny = a few-KB stand-in with the same I/O. Default: real with "
