@@ -3,34 +3,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn cli(args: &[&str]) -> Output {
-    Command::new(common::bin())
-        .args(args)
-        .current_dir(common::repo())
-        .env_remove("ONEBIT_MODEL")
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The one `error:` line a failing command prints.
-fn error_line(o: &Output) -> String {
-    assert!(
-        !o.status.success(),
-        "expected failure, got success: {}",
-        stderr(o)
-    );
-    let err = stderr(o);
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "exactly one error line: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    lines[0].to_owned()
-}
+use common::{cli, error_line, stderr};
 
 fn wav_len(path: &Path) -> (u32, u32, usize) {
     let r = hound::WavReader::open(path).unwrap();

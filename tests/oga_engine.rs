@@ -390,31 +390,16 @@ fn a_package_oga_rejects_is_a_clear_error() {
 
 // ---- The CLI and the server with --engine oga: real child processes. ----
 
+use common::stderr;
+
 fn cli(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(common::bin());
-    cmd.args(args)
-        .current_dir(common::repo())
-        .env_remove("ONEBIT_MODEL")
-        .env_remove("ONEBIT_ENGINE")
-        .env_remove("ONEBIT_OGA_LIB");
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
+    common::cli_with(args, envs)
 }
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The one `error:` line of a command that failed cleanly (an exit code, not a signal).
+/// The one `error:` line of a command that failed cleanly (exit code 1, not a signal).
 fn error_line(o: &Output) -> String {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "a clean failure: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "exactly one error line: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    lines[0].to_owned()
+    assert_eq!(o.status.code(), Some(1), "a clean failure: {}", stderr(o));
+    common::error_line(o)
 }
 
 fn wav(path: &Path) -> (hound::WavSpec, Vec<i16>) {

@@ -5,42 +5,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn cli(args: &[&str]) -> Output {
-    Command::new(common::bin())
-        .args(args)
-        .current_dir(common::repo())
-        .env_remove("ONEBIT_MODEL")
-        .env_remove("ONEBIT_CODEC")
-        .env_remove("ONEBIT_CODEC_ENCODER")
-        .env_remove("ONEBIT_VOICES")
-        .output()
-        .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The one `error:` line a failing command prints.
-fn error_line(o: &Output) -> String {
-    assert!(
-        !o.status.success(),
-        "expected failure, got success: {}{}",
-        stdout(o),
-        stderr(o)
-    );
-    let err = stderr(o);
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "exactly one error line: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    lines[0].to_owned()
-}
+use common::{cli, error_line, stderr, stdout};
 
 fn encoder() -> PathBuf {
     let p = common::model("tiny").join("codec").join("encoder.onnx");

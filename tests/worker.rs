@@ -14,7 +14,6 @@ use std::fs;
 use std::ops::ControlFlow;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -689,16 +688,7 @@ fn the_npu_worker_gets_exactly_the_planned_environment() {
 // The command line
 
 fn cli(args: &[&str], env: &[(&str, &Path)]) -> std::process::Output {
-    let mut cmd = Command::new(common::bin());
-    cmd.args(args)
-        .current_dir(common::repo())
-        .env_remove("ONEBIT_MODEL")
-        .env_remove("ONEBIT_RYZENAI_ROOT")
-        .env_remove("ONEBIT_DEVICE");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run onebit-tts")
+    common::cli_with(args, env)
 }
 
 #[test]

@@ -345,3 +345,59 @@ pub fn load_ort(
     let b = onebit_tts::engine::OrtBackbone::load(env, &pkg, &opts).unwrap();
     (pkg, b)
 }
+
+/// The settings a test's environment might carry into the binary; every CLI test starts without
+/// them, so only the arguments and the `env` it passes decide what the binary does.
+const CLI_SETTINGS: [&str; 8] = [
+    "ONEBIT_MODEL",
+    "ONEBIT_CODEC",
+    "ONEBIT_CODEC_ENCODER",
+    "ONEBIT_VOICES",
+    "ONEBIT_ENGINE",
+    "ONEBIT_OGA_LIB",
+    "ONEBIT_RYZENAI_ROOT",
+    "ONEBIT_DEVICE",
+];
+
+/// Runs the `onebit-tts` binary from the repo root with `env` set on top of a clean slate.
+pub fn cli_with<V: AsRef<std::ffi::OsStr>>(
+    args: &[&str],
+    env: &[(&str, V)],
+) -> std::process::Output {
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args(args).current_dir(repo());
+    for k in CLI_SETTINGS {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run onebit-tts")
+}
+
+pub fn cli(args: &[&str]) -> std::process::Output {
+    cli_with::<&str>(args, &[])
+}
+
+pub fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The one `error:` line a failing command prints (and no panic).
+pub fn error_line(o: &std::process::Output) -> String {
+    assert!(
+        !o.status.success(),
+        "expected failure, got success: {}{}",
+        stdout(o),
+        stderr(o)
+    );
+    let err = stderr(o);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "exactly one error line: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    lines[0].to_owned()
+}
