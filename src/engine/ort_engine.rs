@@ -273,16 +273,17 @@ impl OrtBackbone {
                 pkg.logits.describe(pkg.genai.model.vocab_size)
             )));
         }
+        let start_capacity = opts
+            .kv_capacity
+            .unwrap_or(SHARED_KV_START)
+            .clamp(1, budget.max(1));
         let desc = format!(
             "ort {} ({} layers, {} KV, {}{}{}, {} on {}; {})",
             crate::runtime::info().map_or("?", |i| i.version.as_str()),
             d.num_hidden_layers,
             match mode {
                 KvMode::Growing => "growing".to_owned(),
-                KvMode::Shared => format!(
-                    "shared buffer from {} positions",
-                    opts.kv_capacity.unwrap_or(SHARED_KV_START).min(budget)
-                ),
+                KvMode::Shared => format!("shared buffer from {start_capacity} positions"),
             },
             if pkg.logits.speech_head.is_some() {
                 format!("speech head of {width}, ")
@@ -320,10 +321,7 @@ impl OrtBackbone {
             budget,
             mode,
             capacity: 0,
-            start_capacity: opts
-                .kv_capacity
-                .unwrap_or(SHARED_KV_START)
-                .clamp(1, budget.max(1)),
+            start_capacity,
             prefill_chunk: opts.prefill_chunk.filter(|&c| c > 0),
             past: Vec::new(),
             len: 0,
