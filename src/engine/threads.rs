@@ -4,13 +4,14 @@
 //! it waits for work. That is right for a dedicated box and wrong in two common cases: a process
 //! confined to part of the machine (taskset, a cgroup cpuset or a CPU quota in a container) still
 //! gets a thread per core of the whole machine, and a machine with other busy processes turns
-//! spinning into lost time slices — on the 2-core development machine, decode fell from 22.6 to
-//! 12.6 codes/s with spinning on while a build ran (docs/performance.md). The tuned policy counts
+//! spinning into lost time slices — on the 2-core development machine, with two other busy
+//! processes, decode ran at 15-17 codes/s spinning and 27-32 without (docs/performance.md, lever
+//! 3). The tuned policy counts
 //! the physical cores this process may actually use, caps that by the CPU quota, gives each pool
 //! thread a core of its own on SMT machines, and spins only while a run is in progress (not in
 //! the gaps between decode steps, where the codec's session and the server's threads need the
 //! cores). Spin-waiting itself stays on by default — on an otherwise idle machine it is worth
-//! 1.5x in decode — and `spin: Some(false)` (`--spin off`) is the setting for shared machines.
+//! 1.2-1.35x in decode — and `spin: Some(false)` (`--spin off`) is the setting for shared machines.
 
 use std::collections::BTreeMap;
 use std::path::Path;
