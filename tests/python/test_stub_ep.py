@@ -35,9 +35,10 @@ check = CHECKS.check
 
 
 def tiny_model():
-    """Six nodes; the stub in claim mode takes the three float same-shape Add/Mul:
+    """Seven nodes; the stub in claim mode takes the three float same-shape Add/Mul:
     s = x + y, m = s * x, q = r * r (r = Relu(m)); it leaves Relu, the broadcasting
-    out = q + bias ([4] against [batch, seq, 4]) and the int64 k = i + j."""
+    out = q + bias ([4] against [batch, seq, 4]), the int64 k = i + j, and w = u + v whose
+    inputs have no shape (equal at run time, but not provably so)."""
     f = TensorProto.FLOAT
     shape = ["batch", "seq", 4]
     nodes = [
@@ -47,6 +48,7 @@ def tiny_model():
         helper.make_node("Mul", ["r", "r"], ["q"], name="mul_rr"),
         helper.make_node("Add", ["q", "bias"], ["out"], name="add_bias"),
         helper.make_node("Add", ["i", "j"], ["k"], name="add_int"),
+        helper.make_node("Add", ["u", "v"], ["w"], name="add_unknown_rank"),
     ]
     bias = numpy_helper.from_array(np.array([0.5, -1.0, 2.0, 0.0], np.float32), "bias")
     graph = helper.make_graph(
@@ -57,21 +59,23 @@ def tiny_model():
             helper.make_tensor_value_info("y", f, shape),
             helper.make_tensor_value_info("i", TensorProto.INT64, [3]),
             helper.make_tensor_value_info("j", TensorProto.INT64, [3]),
+            helper.make_tensor_value_info("u", f, None),
+            helper.make_tensor_value_info("v", f, None),
         ],
         [
             helper.make_tensor_value_info("out", f, shape),
             helper.make_tensor_value_info("s", f, shape),
             helper.make_tensor_value_info("k", TensorProto.INT64, [3]),
+            helper.make_tensor_value_info("w", f, None),
         ],
         [bias],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    onnx.checker.check_model(model)
     return model.SerializeToString()
 
 
-NODES = 6
+NODES = 7
 CLAIMED = 3
 
 
@@ -82,6 +86,8 @@ def feeds():
         "y": rng.standard_normal((2, 3, 4)).astype(np.float32),
         "i": np.array([1, 2, 3], np.int64),
         "j": np.array([10, 20, 30], np.int64),
+        "u": rng.standard_normal(5).astype(np.float32),
+        "v": rng.standard_normal(5).astype(np.float32),
     }
 
 

@@ -34,8 +34,9 @@
 //! Environment variables:
 //! - `ONEBIT_STUB_EP_MODE` (read by each CreateEp): `decline` (default) claims no node, so the
 //!   whole graph falls to the CPU EP; `claim` claims every `Add`/`Mul` (ONNX domain) whose two
-//!   inputs are float32 tensors of identical known shapes (symbolic dims must carry the same
-//!   name) and computes them (one fused node per claimed node). Any other value fails CreateEp.
+//!   inputs are float32 tensors of identical known shapes (known rank; a symbolic dim must carry
+//!   the same name on both sides) and computes them (one fused node per claimed node). Any
+//!   other value fails CreateEp.
 //! - `ONEBIT_STUB_EP_RECORD=<file>` (read at each event): append one JSON object per line:
 //!   `{"event":"create_factories","registered_name":S}`,
 //!   `{"event":"create_ep","mode":S,"options":{K:V..},"config":{K:V..}}` (options: the EP's
@@ -411,7 +412,7 @@ unsafe fn kvp_entries(api: &OrtApi, kvp: *const OrtKeyValuePairs) -> Vec<(String
     }
 }
 
-/// Element type, dims and symbolic dim names of a graph value, if it is a tensor.
+/// Element type, dims and symbolic dim names of a graph value, if it is a tensor of known rank.
 struct TensorInfo {
     elem: ONNXTensorElementDataType,
     dims: Vec<i64>,
@@ -434,6 +435,9 @@ unsafe fn tensor_info(api: &OrtApi, vi: *const OrtValueInfo) -> R<Option<TensorI
         check((api.CastTypeInfoToTensorInfo)(type_info, &mut tsi))?;
         if tsi.is_null() {
             return Ok(None);
+        }
+        if !(api.TensorTypeAndShape_HasShape)(tsi) {
+            return Ok(None); // unknown rank: nothing to compare
         }
         let mut elem = ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
         check((api.GetTensorElementType)(tsi, &mut elem))?;
