@@ -6,8 +6,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
 bash scripts/gen-test-models.sh
-cargo fmt --check
-cargo clippy --all-targets --locked -- -D warnings
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --locked
 "$root/.onebit/venv/bin/python" tests/python/test_generated_models.py "$root/target/pytest-models"
+cargo build --locked -p onebit-stub-ep
+"$root/.onebit/venv/bin/python" tests/python/test_stub_ep.py "$root/target/debug/libonebit_stub_ep.so"
 "$root/.onebit/venv/bin/python" tests/python/test_onnx_to_gguf.py "$root/target/pytest-gguf" models/tiny models/tiny-random

@@ -85,9 +85,21 @@ struct ModelArgs {
     /// Run the backbone in a worker child (`onebit-tts worker`) whatever the device.
     #[arg(long)]
     isolate: bool,
-    /// Refuse to start unless the backbone is proven resident on the NPU (no CPU fallback).
+    /// Refuse to start unless the backbone is proven resident on the NPU (no CPU fallback, and
+    /// `auto` may not resolve to the CPU).
     #[arg(long)]
     require_npu: bool,
+    /// With --device npu: serve even when NPU residency is not proven (nodes the provider
+    /// declines run on the CPU); such runs are labelled "cpu fallback", never "npu".
+    #[arg(long)]
+    allow_cpu_fallback: bool,
+    /// With --device npu: ONNX Runtime's strict mode (session.disable_cpu_ep_fallback=1): the
+    /// load fails when the provider does not take every node.
+    #[arg(long)]
+    npu_strict: bool,
+    /// The RyzenAI provider library (sets RYZENAI_EP_PATH for the worker).
+    #[arg(long, env = "ONEBIT_EP_LIBRARY")]
+    ep_library: Option<PathBuf>,
     /// Allow SIGKILL of a worker that outlives ONEBIT_BACKEND_STOP_GRACE_S after SIGTERM
     /// (CPU/CUDA workers only: a worker holding the NPU is never SIGKILLed).
     #[arg(long)]
@@ -179,6 +191,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// The NPU route: `npu probe` sets the RyzenAI session up exactly as --device npu does and
+    /// reports what it observed.
+    Npu {
+        #[command(subcommand)]
+        cmd: NpuCmd,
+    },
     /// Print the prompt (prepared text, ids, token count) for a text.
     Prompt {
         #[command(flatten)]
@@ -203,6 +221,20 @@ enum Cmd {
     Voices {
         #[command(subcommand)]
         cmd: VoicesCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum NpuCmd {
+    /// Build the RyzenAI session in a worker child with the NPU environment, run one prefill and
+    /// a few decode steps, and report the runtime, provider library, EP devices, options, custom
+    /// ops route, node placement and residency with its evidence. Exit 0: residency proven;
+    /// 2: ran but not proven; 3: could not set up.
+    Probe {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -517,6 +549,7 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
             kv_capacity: None,
             prefill_chunk: None,
             device: Default::default(),
+            npu_strict: m.npu_strict,
         },
         codec_threads: m.threads,
         max_input_chars: 0,
@@ -528,6 +561,8 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
         device: m.device,
         isolate: m.isolate,
         require_npu: m.require_npu,
+        allow_cpu_fallback: m.allow_cpu_fallback,
+        ep_library: m.ep_library.clone(),
         allow_kill: m.allow_kill,
         worker_exe: None,
     }
@@ -694,12 +729,13 @@ fn say(
     let secs = report.audio_seconds();
     let cps = metrics::codes_per_second(report.codes.len(), report.timings.decode);
     eprintln!(
-        "wrote {} — {:.2} s of audio, {} codes, {:.1} codes/s ({:.2}x real time), RTF {:.3}, seed {}, prompt {} tokens",
+        "wrote {} — {:.2} s of audio, {} codes, {:.1} codes/s ({:.2}x real time) on {}, RTF {:.3}, seed {}, prompt {} tokens",
         output.display(),
         secs,
         report.codes.len(),
         cps,
         cps / 50.0,
+        synth.device_label(),
         metrics::rtf(report.timings.total, secs),
         report.seed,
         report.prompt_tokens,
@@ -738,7 +774,7 @@ fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
     tracing::info!(
         package = %synth.package().dir.display(),
         engine = %synth.engine_description(),
-        device = %synth.device(),
+        device = %synth.device_label(),
         voices = synth.voices().names().len(),
         "model loaded"
     );
@@ -750,7 +786,7 @@ fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
         request_timeout: Duration::from_secs(args.request_timeout_s),
         shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
         retry_after_s: 1,
-        device: synth.device().to_string(),
+        device: synth.device_label(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -762,6 +798,35 @@ fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
     drop(rt);
     tracing::info!("stopped");
     Ok(())
+}
+
+fn npu_probe(model: &ModelArgs, json: bool) -> Result<()> {
+    use onebit_tts::engine::worker::probe;
+    use onebit_tts::engine::{Device, OrtOptions, WorkerConfig};
+    let cfg = synth_config(model);
+    let pkg = onebit_tts::package::BackbonePackage::load(&cfg.package_dir)?;
+    let declared = pkg.genai.model.decoder.session_options.declares_ryzenai();
+    let mut wcfg = WorkerConfig::from_process(
+        cfg.package_dir.clone(),
+        cfg.ort_lib.clone(),
+        OrtOptions {
+            device: Device::Npu,
+            ..cfg.ort.clone()
+        },
+        declared,
+        None,
+    )?;
+    wcfg.ep_library = cfg.ep_library.clone();
+    let report = probe::probe(wcfg);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.text());
+    }
+    match report.exit_code() {
+        0 => Ok(()),
+        code => Err(ExitWith(code).into()),
+    }
 }
 
 fn prompt_cmd(model: &ModelArgs, g: &GenArgs, voice: &str, text: String, json: bool) -> Result<()> {
@@ -814,6 +879,9 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Serve { model, args } => serve(&model, &args),
         Cmd::Bench { model, args } => bench(&model, &args, cli.quiet),
         Cmd::Worker => unreachable!("main runs the worker before anything else"),
+        Cmd::Npu {
+            cmd: NpuCmd::Probe { model, json },
+        } => npu_probe(&model, json),
         Cmd::Doctor { json } => {
             use onebit_tts::npu::doctor::{self, DoctorInputs, RealHost};
             let report = doctor::run(&DoctorInputs::from_process(), &RealHost::default());
@@ -1462,6 +1530,16 @@ fn check_head(pkg: &ModelPackage) -> Result<()> {
     }
 }
 
+/// Ends the process with this status, having said what it had to say already.
+#[derive(Debug)]
+struct ExitWith(u8);
+impl std::fmt::Display for ExitWith {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit status {}", self.0)
+    }
+}
+impl std::error::Error for ExitWith {}
+
 #[derive(Debug)]
 struct Silent;
 impl std::fmt::Display for Silent {
@@ -1496,6 +1574,9 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<Silent>() => ExitCode::FAILURE,
+        Err(e) if e.is::<ExitWith>() => {
+            ExitCode::from(e.downcast_ref::<ExitWith>().map_or(1, |x| x.0))
+        }
         Err(e) => {
             // One line: the chain joined, so scripts can grep it.
             let msg = e

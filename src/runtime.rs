@@ -22,6 +22,105 @@ pub enum RuntimeError {
     NotFound { tried: Vec<String> },
     #[error("ONNX Runtime environment: {0}")]
     Environment(String),
+    /// The NPU route must use the venv's ONNX Runtime (the RyzenAI provider only works with the
+    /// runtime it was built against), and there is none.
+    #[error(
+        "ONEBIT_RYZENAI_ROOT={}: no ONNX Runtime library in the venv (looked for {}); the RyzenAI provider only works with the ONNX Runtime of its own venv. Fix: point ONEBIT_RYZENAI_ROOT at the Ryzen AI Software venv, or pass --ort-lib with the library the provider was built against",
+        .root.display(), .looked.join(", ")
+    )]
+    NoVenvRuntime { root: PathBuf, looked: Vec<String> },
+    /// The venv's ONNX Runtime is older than this build can drive, and the provider cannot be
+    /// paired with any other.
+    #[error(
+        "the RyzenAI venv's ONNX Runtime is {venv_version} ({}), but this build of onebit-tts needs ONNX Runtime >= {min} (the ort crate's C API {api}); the RyzenAI provider only works with the ONNX Runtime it was built against, so the project's own copy cannot stand in. Fix: install a Ryzen AI Software release whose ONNX Runtime is >= {min}, or run onnxruntime-genai's own loop (--engine oga), or use --device cpu",
+        .path.display()
+    )]
+    VenvRuntimeTooOld {
+        path: PathBuf,
+        venv_version: String,
+        min: String,
+        api: u32,
+    },
+}
+
+/// The oldest ONNX Runtime this build can drive: the `ort` crate asks the library for its C API
+/// version [`ort::MINOR_VERSION`] (the `api-24` feature), which ONNX Runtime 1.24 introduced.
+pub fn min_version() -> String {
+    format!("1.{}", ort::MINOR_VERSION)
+}
+
+/// Whether `version` ("1.31.1") is at least [`min_version`]. An unparsable version is not.
+pub fn version_supported(version: &str) -> bool {
+    let mut parts = version.trim().split('.').map(|p| p.parse::<u32>());
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= (1, ort::MINOR_VERSION),
+        _ => false,
+    }
+}
+
+/// The ONNX Runtime library of a RyzenAI venv: `deployment/lib/libonnxruntime.so*`, else the
+/// venv's `onnxruntime` package (`lib/python3*/site-packages/onnxruntime/capi/`).
+pub fn venv_runtime(root: &Path) -> Result<PathBuf, RuntimeError> {
+    let mut dirs = vec![root.join("deployment/lib")];
+    if let Ok(entries) = std::fs::read_dir(root.join("lib")) {
+        let mut py: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("python3"))
+            })
+            .map(|p| p.join("site-packages/onnxruntime/capi"))
+            .collect();
+        py.sort();
+        dirs.extend(py);
+    }
+    for dir in &dirs {
+        if let Some(lib) = runtime_in(dir) {
+            return Ok(lib);
+        }
+    }
+    Err(RuntimeError::NoVenvRuntime {
+        root: root.to_path_buf(),
+        looked: dirs
+            .iter()
+            .map(|d| format!("{}/libonnxruntime.so*", d.display()))
+            .collect(),
+    })
+}
+
+/// `libonnxruntime.so` in `dir`, else its highest versioned name.
+fn runtime_in(dir: &Path) -> Option<PathBuf> {
+    let plain = dir.join("libonnxruntime.so");
+    if plain.exists() {
+        return Some(plain);
+    }
+    let mut libs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so."))
+        })
+        .collect();
+    libs.sort();
+    libs.pop()
+}
+
+/// The library the NPU route must load: the venv's, when its version is one this build can drive.
+pub fn paired_with_venv(root: &Path) -> Result<(PathBuf, String), RuntimeError> {
+    let path = venv_runtime(root)?;
+    let version = lib_version(&path).unwrap_or_else(|| "unknown".into());
+    if !version_supported(&version) {
+        return Err(RuntimeError::VenvRuntimeTooOld {
+            path,
+            venv_version: version,
+            min: min_version(),
+            api: ort::MINOR_VERSION,
+        });
+    }
+    Ok((path, version))
 }
 
 /// The loaded runtime: where it came from and its version.
@@ -41,10 +140,10 @@ static RUNTIME: OnceLock<Loaded> = OnceLock::new();
 static INIT_LOCK: Mutex<()> = Mutex::new(());
 
 /// The places to look, in order, each with the name of its source.
-fn candidates(explicit: Option<&Path>) -> Vec<(&'static str, PathBuf)> {
+fn candidates(explicit: Option<(&'static str, &Path)>) -> Vec<(&'static str, PathBuf)> {
     let mut out = Vec::new();
-    if let Some(p) = explicit {
-        out.push(("--ort-lib", p.to_path_buf()));
+    if let Some((source, p)) = explicit {
+        out.push((source, p.to_path_buf()));
     }
     if let Some(p) = std::env::var_os("ORT_DYLIB_PATH").filter(|v| !v.is_empty()) {
         out.push(("ORT_DYLIB_PATH", PathBuf::from(p)));
@@ -90,7 +189,16 @@ fn python_onnxruntime() -> Result<PathBuf, String> {
 /// Loads ONNX Runtime once per process and returns its environment. Later calls return the same
 /// one whatever `explicit` says (the library cannot be swapped inside a process).
 pub fn environment(explicit: Option<&Path>) -> Result<&'static Environment, RuntimeError> {
-    init(explicit).map(|l| &l.env)
+    init(explicit.map(|p| ("--ort-lib", p))).map(|l| &l.env)
+}
+
+/// [`environment`] with a library chosen for a reason other than `--ort-lib`, named by `source`
+/// (what `/health` and `npu probe` show).
+pub fn environment_from(
+    source: &'static str,
+    path: &Path,
+) -> Result<&'static Environment, RuntimeError> {
+    init(Some((source, path))).map(|l| &l.env)
 }
 
 /// Which library was loaded, if any yet.
@@ -98,7 +206,7 @@ pub fn info() -> Option<&'static RuntimeInfo> {
     RUNTIME.get().map(|l| &l.info)
 }
 
-fn init(explicit: Option<&Path>) -> Result<&'static Loaded, RuntimeError> {
+fn init(explicit: Option<(&'static str, &Path)>) -> Result<&'static Loaded, RuntimeError> {
     if let Some(l) = RUNTIME.get() {
         return Ok(l);
     }
@@ -150,6 +258,17 @@ fn init(explicit: Option<&Path>) -> Result<&'static Loaded, RuntimeError> {
             Err(e) => tried.push(format!("python3 onnxruntime: {e}")),
         }
     }
+    // A library that exists but could not be used (too old for this build, say) is passed over
+    // aloud, never silently.
+    if let Some(l) = &loaded {
+        for t in tried.iter().filter(|t| !t.ends_with("(not found)")) {
+            tracing::warn!(
+                "ONNX Runtime: passed over {t}; using {} ({})",
+                l.info.path.display(),
+                l.info.source
+            );
+        }
+    }
     let Some(loaded) = loaded else {
         return Err(RuntimeError::NotFound { tried });
     };
@@ -157,10 +276,10 @@ fn init(explicit: Option<&Path>) -> Result<&'static Loaded, RuntimeError> {
 }
 
 /// The library's own version string (`OrtGetApiBase()->GetVersionString()`, e.g. "1.31.1").
-fn lib_version(path: &Path) -> Option<String> {
-    // SAFETY: the library is already loaded by ort from this path; opening it again only takes
-    // another reference, and the two calls below are ONNX Runtime's documented, side-effect-free
-    // version query.
+pub fn lib_version(path: &Path) -> Option<String> {
+    // SAFETY: opening the library runs its initialisers, as ort's own load of it does (or
+    // already did: then this only takes another reference); the two calls below are ONNX
+    // Runtime's documented, side-effect-free version query, which every version has.
     unsafe {
         let lib = libloading::Library::new(path).ok()?;
         let get: libloading::Symbol<unsafe extern "C" fn() -> *const ort::sys::OrtApiBase> =

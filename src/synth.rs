@@ -74,8 +74,15 @@ pub struct SynthConfig {
     pub device: DeviceChoice,
     /// Run the backbone in a worker child whatever the device (the NPU always is).
     pub isolate: bool,
-    /// Refuse to start unless the backbone is proven resident on the NPU.
+    /// Refuse to start unless the backbone is proven resident on the NPU (also refuses `auto`
+    /// resolving to the CPU).
     pub require_npu: bool,
+    /// `--device npu` serves even when residency is not proven (the backbone then runs, at least
+    /// partly, on the CPU and is labelled "cpu fallback"); without it such a load is refused.
+    pub allow_cpu_fallback: bool,
+    /// The RyzenAI provider library for the worker (RYZENAI_EP_PATH); `None`: the environment
+    /// rules' choice.
+    pub ep_library: Option<PathBuf>,
     /// Let the parent SIGKILL a worker that outlives the stop grace (never one holding the NPU).
     pub allow_kill: bool,
     /// The program started as `<exe> worker`; `None`: this executable.
@@ -144,19 +151,15 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
             cfg.worker_exe.clone(),
         )?;
         wcfg.allow_kill = cfg.allow_kill;
+        wcfg.ep_library = cfg.ep_library.clone();
         let mut worker = WorkerEngine::new(wcfg);
         worker.start()?;
-        if cfg.require_npu {
-            match worker.handle().residency() {
-                Some(Residency::Proven) => {}
-                Some(r) => return Err(EngineError::Device(format!("--require-npu: {r}")).into()),
-                None => {
-                    return Err(EngineError::Device(
-                        "--require-npu: no residency proof was made".into(),
-                    )
-                    .into());
-                }
-            }
+        if decision.device == Device::Npu {
+            residency_gate(
+                worker.handle().residency(),
+                cfg.require_npu,
+                cfg.allow_cpu_fallback,
+            )?;
         }
         return Ok(Box::new(worker));
     }
@@ -175,6 +178,31 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
             Ok(Box::new(LocalEngine(Box::new(backbone))))
         }
     }
+}
+
+/// Whether an NPU load may serve: only with proven residency, unless the caller allows the CPU
+/// fallback (and `--require-npu` forbids that in any case).
+pub fn residency_gate(
+    residency: Option<Residency>,
+    require_npu: bool,
+    allow_cpu_fallback: bool,
+) -> Result<(), EngineError> {
+    let r = match residency {
+        Some(r) if r.is_proven() => return Ok(()),
+        Some(r) => r.to_string(),
+        None => "npu residency: unproven: the worker reported no evidence".to_owned(),
+    };
+    if require_npu {
+        return Err(EngineError::Device(format!("--require-npu: {r}")));
+    }
+    if !allow_cpu_fallback {
+        return Err(EngineError::Device(format!(
+            "--device npu: {r}; refusing to serve a CPU fallback as the NPU (pass \
+             --allow-cpu-fallback to serve it anyway, labelled \"cpu fallback\")"
+        )));
+    }
+    tracing::warn!("--allow-cpu-fallback: serving although {r}");
+    Ok(())
 }
 
 /// One request.
@@ -527,9 +555,32 @@ impl Synthesizer {
         self.worker.as_ref()
     }
 
-    /// The NPU residency proof of the worker's latest load (`None` off the NPU).
+    /// The NPU residency verdict of the worker's latest load (`None` off the NPU).
     pub fn residency(&self) -> Option<Residency> {
         self.worker.as_ref().and_then(WorkerHandle::residency)
+    }
+
+    /// The ONNX Runtime library the backbone runs on and why that one: the worker's when there is
+    /// a worker, else this process's.
+    pub fn runtime(&self) -> Option<String> {
+        if let Some(w) = &self.worker {
+            return w.loaded().and_then(|l| l.runtime);
+        }
+        crate::runtime::info()
+            .map(|i| format!("{} ({}; {})", i.path.display(), i.version, i.source))
+    }
+
+    /// Where the backbone runs, as far as it was observed: an NPU load is "npu" only while its
+    /// residency is proven, else "cpu fallback" (it was let through by --allow-cpu-fallback).
+    /// Every rate printed next to this label is labelled truthfully.
+    pub fn device_label(&self) -> String {
+        match self.device {
+            Device::Npu => match self.residency() {
+                Some(r) if r.is_proven() => "npu".to_owned(),
+                _ => "cpu fallback".to_owned(),
+            },
+            other => other.to_string(),
+        }
     }
 
     pub fn front_end(&self) -> &FrontEnd {

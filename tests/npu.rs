@@ -18,8 +18,10 @@ use std::time::{Duration, Instant};
 use onebit_tts::npu::doctor::{self, CommandOutput, DoctorInputs, Host, Identity, Limit, Memlock};
 use onebit_tts::npu::env::{EnvInputs, EnvPlan, Unchanged, XrtSource, worker_env};
 use onebit_tts::npu::lifecycle::{Child, Ending, StopGrace, StopOutcome, holds_accel};
-use onebit_tts::npu::residency::{Residency, prove, read_mem_usage};
-use onebit_tts::npu::{NpuError, PROVIDER_FILE, Status, SystemRoots};
+use onebit_tts::npu::residency::{
+    Evidence, Placement, ResidencyState, read_mem_usage, sample_accel, sample_mem_usage, weigh_npu,
+};
+use onebit_tts::npu::{NpuError, PROVIDER_FILE, PROVIDER_NAME, Status, SystemRoots};
 
 struct TempDir(PathBuf);
 
@@ -334,47 +336,112 @@ fn fake_fd(roots: &SystemRoots, pid: u32, target: &Path) {
     symlink(target, fd.join("5")).expect("symlink");
 }
 
-#[test]
-fn residency_proven_with_all_three_pieces_of_evidence() {
-    let t = TempDir::new("res-ok");
-    let roots = SystemRoots::under(&t.0);
-    write(&roots.accel_node(), "");
-    write(&roots.mem_usage(), "1048576\n");
-    let before = read_mem_usage(&roots).ok();
-    write(&roots.mem_usage(), "734003200\n");
-    let after = read_mem_usage(&roots).ok();
-    fake_fd(&roots, 4321, &roots.accel_node());
-    let r = prove(&roots, before, after, 4321, true);
-    assert_eq!(r, Residency::Proven);
-    assert_eq!(r.to_string(), "npu residency: proven");
+/// A fake /proc/<pid>/fdinfo/5 with `busy_ns` of NPU engine time.
+fn fake_fdinfo(roots: &SystemRoots, pid: u32, busy_ns: u64) {
+    write(
+        &roots.proc_fdinfo_dir(pid).join("5"),
+        &format!(
+            "pos:\t0\nflags:\t02100002\ndrm-driver:\tamdxdna_accel_driver\n\
+             drm-engine-npu:\t{busy_ns} ns\ndrm-total-memory:\t2048 KiB\n"
+        ),
+    );
+}
+
+fn placed_on_npu(nodes: usize) -> Option<Placement> {
+    Some(Placement(
+        [
+            (PROVIDER_NAME.to_owned(), nodes),
+            ("CPUExecutionProvider".to_owned(), 26),
+        ]
+        .into_iter()
+        .collect(),
+    ))
 }
 
 #[test]
-fn residency_not_proven_names_every_missing_piece() {
+fn residency_proven_from_placement_and_the_workers_own_busy_time() {
+    let t = TempDir::new("res-ok");
+    let roots = SystemRoots::under(&t.0);
+    write(&roots.accel_node(), "");
+    fake_fd(&roots, 4321, &roots.accel_node());
+    fake_fdinfo(&roots, 4321, 1_000);
+    let mut notes = Vec::new();
+    let before = sample_accel(4321, &roots, &mut notes);
+    fake_fdinfo(&roots, 4321, 901_000);
+    let after = sample_accel(4321, &roots, &mut notes);
+    assert!(notes.is_empty(), "{notes:?}");
+    assert_eq!(before.as_ref().map(|u| u.fds), Some(1));
+    let r = weigh_npu(Evidence {
+        placement: placed_on_npu(3),
+        accel_before: before,
+        accel_after: after,
+        decode_steps: 8,
+        ..Evidence::default()
+    });
+    assert_eq!(r.state, ResidencyState::Proven, "{r}");
+    assert_eq!(
+        r.to_string(),
+        "npu residency: proven: ONNX Runtime placed 3 of 29 nodes on \
+         RyzenAILightExecutionProvider (CPUExecutionProvider: 26, \
+         RyzenAILightExecutionProvider: 3); the NPU was busy 900000 ns for this worker over 8 \
+         decode steps (drm-engine-*)"
+    );
+}
+
+#[test]
+fn an_open_accel_fd_without_placement_proves_nothing() {
+    // The spike saw exactly this: a load the provider declined still opened the node.
     let t = TempDir::new("res-bad");
     let roots = SystemRoots::under(&t.0);
     write(&roots.accel_node(), "");
+    write(&roots.mem_usage(), "1048576\n");
+    fake_fd(&roots, 4321, &roots.accel_node());
+    fake_fdinfo(&roots, 4321, 1_000);
+    let mut notes = Vec::new();
+    let mem_before = sample_mem_usage(&roots, &mut notes);
+    let before = sample_accel(4321, &roots, &mut notes);
+    fake_fdinfo(&roots, 4321, 2_000);
+    write(&roots.mem_usage(), "734003200\n");
+    let r = weigh_npu(Evidence {
+        placement: Some(Placement(
+            [("CPUExecutionProvider".to_owned(), 29)]
+                .into_iter()
+                .collect(),
+        )),
+        accel_before: before,
+        accel_after: sample_accel(4321, &roots, &mut notes),
+        decode_steps: 8,
+        mem_usage_before: mem_before,
+        mem_usage_after: sample_mem_usage(&roots, &mut notes),
+        notes,
+    });
+    assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+    assert!(
+        r.to_string()
+            .contains("placed no node on RyzenAILightExecutionProvider"),
+        "{r}"
+    );
+
+    // Another process's fd table, a node it does not hold, no mem_usage file: every reason.
+    let t = TempDir::new("res-none");
+    let roots = SystemRoots::under(&t.0);
+    write(&roots.accel_node(), "");
     fake_fd(&roots, 4321, Path::new("/dev/dri/renderD128"));
-    let r = prove(&roots, Some(1000), Some(1000), 4321, false);
+    let mut notes = Vec::new();
+    let r = weigh_npu(Evidence {
+        placement: placed_on_npu(1),
+        accel_before: sample_accel(4321, &roots, &mut notes),
+        accel_after: sample_accel(999_999, &roots, &mut notes),
+        mem_usage_before: sample_mem_usage(&roots, &mut notes),
+        notes,
+        ..Evidence::default()
+    });
+    assert_eq!(r.state, ResidencyState::Unproven);
     let text = r.to_string();
-    assert!(text.starts_with("npu residency: not proven: "), "{text}");
-    assert!(
-        text.contains("did not grow across the load (1000 -> 1000 bytes)"),
-        "{text}"
-    );
-    assert!(text.contains("does not hold"), "{text}");
-    assert!(
-        text.contains("does not name RyzenAILightExecutionProvider"),
-        "{text}"
-    );
-    // No such process and no mem_usage file: still an answer, with reasons.
-    let r = prove(&roots, read_mem_usage(&roots).ok(), None, 999_999, true);
-    let Residency::NotProven(reasons) = r else {
-        panic!("proven without evidence")
-    };
-    assert_eq!(reasons.len(), 2, "{reasons:?}");
-    assert!(reasons[0].contains("not readable before the load"));
-    assert!(reasons[1].contains("cannot tell whether worker pid 999999"));
+    assert!(text.contains("holds no readable accel fd"), "{text}");
+    assert!(text.contains("mem_usage is not readable"), "{text}");
+    assert!(text.contains("accel usage of pid 999999"), "{text}");
+    assert!(read_mem_usage(&roots).is_err());
 }
 
 #[test]

@@ -52,6 +52,7 @@ fn cpu_config() -> WorkerConfig {
         allow_kill: false,
         roots: SystemRoots::default(),
         retry_delay: None,
+        ep_library: None,
     }
 }
 

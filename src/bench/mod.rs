@@ -119,6 +119,11 @@ pub struct StageStats {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub engine: String,
+    /// Where the backbone ran, as observed: "npu" only with proven residency, "cpu fallback"
+    /// for an NPU load that was not proven ([`crate::synth::Synthesizer::device_label`]).
+    pub device: String,
+    /// The NPU residency verdict and its evidence (`None` off the NPU).
+    pub residency: Option<crate::npu::Residency>,
     pub package: String,
     pub machine: String,
     pub runs: Vec<Run>,
@@ -284,6 +289,8 @@ pub fn run(
     }
     Ok(Report {
         engine: synth.engine_description(),
+        device: synth.device_label(),
+        residency: synth.residency(),
         package: synth.package().dir.display().to_string(),
         machine: machine(),
         runs: all,
@@ -297,8 +304,9 @@ impl Report {
     /// The table `bench` prints on stdout.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "engine {}\npackage {}\nmachine {}\n\n{:<8} {:<8} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14}   stage ms (front/prefill/decode/codec/encode)\n",
+            "engine {}\ndevice {}\npackage {}\nmachine {}\n\n{:<8} {:<8} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14}   stage ms (front/prefill/decode/codec/encode)\n",
             self.engine,
+            self.device,
             self.package,
             self.machine,
             "case",

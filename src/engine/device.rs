@@ -8,6 +8,7 @@ use ort::environment::Environment;
 use ort::session::builder::SessionBuilder;
 
 use super::EngineError;
+use super::ryzenai::ProviderSetup;
 use crate::npu::env::Unchanged;
 use crate::package::BackbonePackage;
 
@@ -121,16 +122,17 @@ pub fn resolve(
 
 /// Adds the device's execution provider to a session builder, returning the providers the
 /// session will have in priority order (the CPU provider is always last: ONNX Runtime places on
-/// it what the others decline).
+/// it what the others decline) and, on the NPU, everything the RyzenAI provider was given.
 pub(crate) fn attach(
     builder: SessionBuilder,
     env: &Environment,
     device: Device,
     pkg: &BackbonePackage,
-) -> Result<(SessionBuilder, Vec<String>), EngineError> {
+    npu_strict: bool,
+) -> Result<(SessionBuilder, Vec<String>, Option<ProviderSetup>), EngineError> {
     const CPU: &str = "CPUExecutionProvider";
     match device {
-        Device::Cpu => Ok((builder, vec![CPU.into()])),
+        Device::Cpu => Ok((builder, vec![CPU.into()], None)),
         Device::Cuda => {
             use ort::ep::ExecutionProvider as _;
             let compiled = ort::ep::CUDA::is_available().unwrap_or(false);
@@ -145,11 +147,19 @@ pub(crate) fn attach(
                 .with_execution_providers([ort::ep::CUDA::default().build().error_on_failure()])
                 .map_err(|e| EngineError::Device(format!("--device cuda: {e}")))?;
             tracing::info!("execution provider CUDAExecutionProvider appended");
-            Ok((builder, vec!["CUDAExecutionProvider".into(), CPU.into()]))
+            Ok((
+                builder,
+                vec!["CUDAExecutionProvider".into(), CPU.into()],
+                None,
+            ))
         }
         Device::Npu => {
-            let builder = super::ryzenai::attach(builder, env, pkg)?;
-            Ok((builder, vec![crate::npu::PROVIDER_NAME.into(), CPU.into()]))
+            let (builder, setup) = super::ryzenai::attach(builder, env, pkg, npu_strict)?;
+            Ok((
+                builder,
+                vec![crate::npu::PROVIDER_NAME.into(), CPU.into()],
+                Some(setup),
+            ))
         }
     }
 }

@@ -8,7 +8,7 @@
 pub mod device;
 pub mod oga;
 pub mod ort_engine;
-mod ryzenai;
+pub mod ryzenai;
 pub mod sampler;
 pub mod threads;
 pub mod worker;
@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 pub use device::{Device, DeviceChoice};
 pub use oga::{OgaBackbone, OgaLoadError, OgaOptions, OgaStep};
 pub use ort_engine::{KvMode, OrtBackbone, OrtOptions};
+pub use ryzenai::{CustomOpsRoute, ProviderSetup};
 pub use sampler::{Candidates, LogitsLayout, SampleError, Sampler, SamplingParams};
 pub use threads::{CpuTopology, ThreadPlan, ThreadPolicy};
 pub use worker::{WorkerConfig, WorkerEngine, WorkerHandle};

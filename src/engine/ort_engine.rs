@@ -9,14 +9,18 @@
 
 use std::path::Path;
 
+use ort::AsPointer as _;
+use ort::logging::LogLevel;
 use ort::memory::Allocator;
-use ort::session::builder::GraphOptimizationLevel;
+use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
 
 use super::device::{self, Device};
+use super::ryzenai::ProviderSetup;
 use super::threads::{CpuTopology, ThreadPlan, ThreadPolicy};
 use super::{Backbone, EngineError, LogitsLayout};
+use crate::npu::residency::Placement;
 use crate::package::genai::layer_name;
 use crate::package::{BackbonePackage, ModelPackage};
 
@@ -54,6 +58,10 @@ pub struct OrtOptions {
     /// The execution provider (`Device::Npu` only works in a process started with the NPU
     /// environment: the engine worker).
     pub device: Device,
+    /// On the NPU: `session.disable_cpu_ep_fallback=1`, so a graph the provider does not take
+    /// whole fails to load instead of running partly on the CPU.
+    #[serde(default)]
+    pub npu_strict: bool,
 }
 
 struct Names {
@@ -88,6 +96,99 @@ pub struct OrtBackbone {
     desc: String,
     device: Device,
     providers: Vec<String>,
+    setup: Option<ProviderSetup>,
+    placement: Option<Placement>,
+}
+
+/// ONNX Runtime's session config key that makes it record which provider got each node
+/// (`kOrtSessionOptionsRecordEpGraphAssignmentInfo`, ONNX Runtime 1.24+).
+pub const RECORD_PLACEMENT_KEY: &str = "session.record_ep_graph_assignment_info";
+
+/// genai_config.json's memory, log and profiling knobs, applied as onnxruntime-genai applies them.
+fn apply_session_knobs(
+    mut builder: SessionBuilder,
+    so: &crate::package::genai::SessionOptions,
+) -> Result<SessionBuilder, EngineError> {
+    if let Some(on) = so.enable_cpu_mem_arena {
+        // SAFETY: the builder's pointer is a live OrtSessionOptions; the status is owned and
+        // released by `result_from_status`.
+        unsafe {
+            let api = ort::api();
+            let status = if on {
+                (api.EnableCpuMemArena)(builder.ptr_mut())
+            } else {
+                (api.DisableCpuMemArena)(builder.ptr_mut())
+            };
+            ort::Error::result_from_status(status)?;
+        }
+    }
+    if let Some(on) = so.enable_mem_pattern {
+        builder = builder.with_memory_pattern(on)?;
+    }
+    if let Some(id) = &so.log_id {
+        builder = builder.with_log_id(id)?;
+    }
+    if let Some(level) = so.log_severity_level {
+        let level = match level {
+            i32::MIN..=0 => LogLevel::Verbose,
+            1 => LogLevel::Info,
+            2 => LogLevel::Warning,
+            3 => LogLevel::Error,
+            _ => LogLevel::Fatal,
+        };
+        builder = builder.with_log_level(level)?;
+    }
+    if let Some(v) = so.log_verbosity_level {
+        builder = builder.with_log_verbosity(v)?;
+    }
+    if let Some(prefix) = &so.enable_profiling {
+        builder = builder.with_profiling(prefix)?;
+    }
+    Ok(builder)
+}
+
+/// Reads ONNX Runtime's record of which provider got each node (needs
+/// [`RECORD_PLACEMENT_KEY`] set before the session was made).
+fn placement(session: &Session) -> Result<Placement, EngineError> {
+    use std::ffi::CStr;
+    let api = ort::api();
+    // SAFETY: every status passed here is one ONNX Runtime just returned, owned by us.
+    let check =
+        |status| unsafe { ort::Error::result_from_status(status) }.map_err(EngineError::from);
+    let mut placed = std::collections::BTreeMap::<String, usize>::new();
+    // SAFETY: the session pointer is live for this call; ONNX Runtime owns the returned arrays
+    // and strings for the session's lifetime, and we copy what we keep before returning.
+    unsafe {
+        let mut subgraphs: *const *const ort::sys::OrtEpAssignedSubgraph = std::ptr::null();
+        let mut n = 0usize;
+        check((api.Session_GetEpGraphAssignmentInfo)(
+            session.ptr(),
+            &mut subgraphs,
+            &mut n,
+        ))?;
+        if n > 0 && subgraphs.is_null() {
+            return Err(EngineError::Runtime(
+                "Session_GetEpGraphAssignmentInfo returned no array".into(),
+            ));
+        }
+        for i in 0..n {
+            let sg = *subgraphs.add(i);
+            let mut name: *const std::ffi::c_char = std::ptr::null();
+            check((api.EpAssignedSubgraph_GetEpName)(sg, &mut name))?;
+            let mut nodes: *const *const ort::sys::OrtEpAssignedNode = std::ptr::null();
+            let mut count = 0usize;
+            check((api.EpAssignedSubgraph_GetNodes)(
+                sg, &mut nodes, &mut count,
+            ))?;
+            let ep = if name.is_null() {
+                "?".to_owned()
+            } else {
+                CStr::from_ptr(name).to_string_lossy().into_owned()
+            };
+            *placed.entry(ep).or_default() += count;
+        }
+    }
+    Ok(Placement(placed))
 }
 
 fn level(name: Option<&str>) -> GraphOptimizationLevel {
@@ -138,9 +239,10 @@ impl OrtBackbone {
         if let Some(n) = so.inter_op_num_threads {
             builder = builder.with_inter_threads(n)?;
         }
-        // As onnxruntime-genai does: the config's session entries and custom-op library, then
-        // the providers.
-        for (k, v) in &so.config_entries {
+        // As onnxruntime-genai does (Model::CreateSessionOptionsFromConfig): memory and log
+        // knobs, the config's session entries and custom-op library, then the providers.
+        builder = apply_session_knobs(builder, so)?;
+        for (k, v) in &so.all_config_entries() {
             builder = builder.with_config_entry(k, v)?;
         }
         if let Some(lib) = &so.custom_ops_library {
@@ -149,11 +251,38 @@ impl OrtBackbone {
                 EngineError::Graph(format!("custom_ops_library {}: {e}", path.display()))
             })?;
         }
-        let (mut builder, providers) = device::attach(builder, env, opts.device, pkg)?;
+        // Where ONNX Runtime puts each node is the first piece of residency evidence; it only
+        // keeps that record when asked before the session is made.
+        builder = builder.with_config_entry(RECORD_PLACEMENT_KEY, "1")?;
+        let (mut builder, providers, setup) =
+            device::attach(builder, env, opts.device, pkg, opts.npu_strict)?;
         let session = builder
             .commit_from_file(&pkg.decoder_path)
             .map_err(|e| EngineError::Graph(format!("{}: {e}", pkg.decoder_path.display())))?;
-        Self::from_session(session, pkg, opts, providers, &plan)
+        let placement = match placement(&session) {
+            Ok(p) => {
+                tracing::info!("node placement: {p}");
+                Some(p)
+            }
+            Err(e) => {
+                tracing::warn!("node placement unknown: {e}");
+                None
+            }
+        };
+        let mut me = Self::from_session(session, pkg, opts, providers, &plan)?;
+        me.setup = setup;
+        me.placement = placement;
+        Ok(me)
+    }
+
+    /// Where ONNX Runtime placed the graph's nodes (`None`: it could not say).
+    pub fn placement(&self) -> Option<&Placement> {
+        self.placement.as_ref()
+    }
+
+    /// What the RyzenAI provider was given (`None` off the NPU).
+    pub fn provider_setup(&self) -> Option<&ProviderSetup> {
+        self.setup.as_ref()
     }
 
     fn from_session(
@@ -329,6 +458,8 @@ impl OrtBackbone {
             desc,
             device: opts.device,
             providers,
+            setup: None,
+            placement: None,
         };
         me.reset();
         Ok(me)

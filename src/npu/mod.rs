@@ -25,7 +25,7 @@ use std::path::PathBuf;
 pub use doctor::{Check, Report, Status};
 pub use env::{EnvInputs, EnvPlan, WorkerEnv, worker_env};
 pub use lifecycle::{Child, Ending, StopGrace, StopOutcome, holds_accel};
-pub use residency::{Residency, prove};
+pub use residency::{Evidence, Placement, Residency, ResidencyState, weigh_npu};
 pub use roots::SystemRoots;
 
 /// The name onnxruntime-genai registers the RyzenAI provider library under, and the name the

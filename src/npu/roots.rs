@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 /// Where `/sys`, `/dev`, `/proc`, `/etc` and `/lib` are. `Default` is the real system.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SystemRoots {
     pub sys: PathBuf,
     pub dev: PathBuf,
@@ -57,6 +57,11 @@ impl SystemRoots {
     /// The open file descriptors of a process (symlinks to what they point at).
     pub fn proc_fd_dir(&self, pid: u32) -> PathBuf {
         self.proc.join(pid.to_string()).join("fd")
+    }
+
+    /// The kernel's per-fd information of a process (DRM usage stats for device fds).
+    pub fn proc_fdinfo_dir(&self, pid: u32) -> PathBuf {
+        self.proc.join(pid.to_string()).join("fdinfo")
     }
 
     pub fn hugepages_mount(&self) -> PathBuf {

@@ -83,6 +83,23 @@ pub struct SessionOptions {
     /// A custom-op library OGA registers (`RegisterCustomOpsLibrary`); relative to the package.
     #[serde(default)]
     pub custom_ops_library: Option<String>,
+    /// ONNX Runtime's session log severity (0 verbose .. 4 fatal) and verbosity, as OGA applies
+    /// them: what the session logs at this level or above reaches our log.
+    #[serde(default)]
+    pub log_severity_level: Option<i32>,
+    #[serde(default)]
+    pub log_verbosity_level: Option<i32>,
+    /// A profile file prefix: ONNX Runtime writes a JSON trace of the session (OGA's knob).
+    #[serde(default)]
+    pub enable_profiling: Option<String>,
+    #[serde(default)]
+    pub enable_mem_pattern: Option<bool>,
+    #[serde(default)]
+    pub enable_cpu_mem_arena: Option<bool>,
+    /// Any other key: onnxruntime-genai adds it as a session config entry as it is
+    /// (config.cpp, `SessionOptions_Element::OnValue`), so we do too.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
 }
 
 impl SessionOptions {
@@ -106,6 +123,20 @@ impl SessionOptions {
                 .find(|(k, _)| k.eq_ignore_ascii_case(RYZENAI_PROVIDER_KEY))
                 .map(|(_, v)| v)
         })
+    }
+
+    /// Session config entries: `config_entries`, then every key this struct does not know, as
+    /// onnxruntime-genai adds them (strings as they are, numbers and booleans as JSON text).
+    pub fn all_config_entries(&self) -> BTreeMap<String, String> {
+        let mut out = self.config_entries.clone();
+        for (k, v) in &self.other {
+            let v = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            out.insert(k.clone(), v);
+        }
+        out
     }
 
     /// Whether the config declares the RyzenAI provider (the NPU route's first condition).

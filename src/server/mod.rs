@@ -235,7 +235,8 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         "model": model_id(&st),
         "device": st.cfg.device,
         "engine": st.engine,
-        "residency": st.synth.residency().map(|r| r.to_string()),
+        "residency": st.synth.residency(),
+        "runtime": st.synth.runtime(),
         "queue_depth": st.metrics.queued.load(Ordering::SeqCst),
         "running": st.metrics.running.load(Ordering::SeqCst),
     }));

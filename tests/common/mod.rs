@@ -348,7 +348,12 @@ pub fn load_ort(
 
 /// The settings a test's environment might carry into the binary; every CLI test starts without
 /// them, so only the arguments and the `env` it passes decide what the binary does.
-const CLI_SETTINGS: [&str; 8] = [
+const CLI_SETTINGS: [&str; 13] = [
+    "ONEBIT_EP_LIBRARY",
+    "RYZENAI_EP_PATH",
+    "ONEBIT_STUB_EP_MODE",
+    "ONEBIT_STUB_EP_RECORD",
+    "ORT_DYLIB_PATH",
     "ONEBIT_MODEL",
     "ONEBIT_CODEC",
     "ONEBIT_CODEC_ENCODER",
@@ -400,4 +405,33 @@ pub fn error_line(o: &std::process::Output) -> String {
     assert_eq!(lines.len(), 1, "exactly one error line: {err}");
     assert!(!err.contains("panicked"), "{err}");
     lines[0].to_owned()
+}
+
+/// The stub RyzenAI provider (tests/stub-ep), built on first use into this test's target dir.
+/// It models the real provider's plugin-EP contract with no NPU: a virtual NPU device, custom ops
+/// by library only, `ONEBIT_STUB_EP_MODE=decline|claim`, and a record of what it was given
+/// (`ONEBIT_STUB_EP_RECORD`).
+pub fn stub_ep() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // <target>/<profile>/deps/<test binary>
+            let exe = std::env::current_exe().expect("test binary path");
+            let target = exe
+                .ancestors()
+                .nth(3)
+                .expect("the test binary sits in <target>/<profile>/deps")
+                .to_path_buf();
+            let status = std::process::Command::new(env!("CARGO"))
+                .args(["build", "--locked", "-p", "onebit-stub-ep"])
+                .current_dir(repo())
+                .env("CARGO_TARGET_DIR", &target)
+                .status()
+                .expect("run cargo build -p onebit-stub-ep");
+            assert!(status.success(), "building the stub provider failed");
+            let lib = target.join("debug/libonebit_stub_ep.so");
+            assert!(lib.exists(), "{} missing after the build", lib.display());
+            lib
+        })
+        .clone()
 }

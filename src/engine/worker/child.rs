@@ -28,7 +28,9 @@ use std::sync::{Arc, Mutex};
 use super::protocol::{
     Generate, Hello, Load, Loaded, Reply, Request, Summary, WireError, read_frame, write_frame,
 };
-use crate::engine::{self, Backbone, CancelToken, EngineError, OrtBackbone};
+use crate::engine::{self, Backbone, CancelToken, Device, EngineError, OrtBackbone};
+use crate::npu::SystemRoots;
+use crate::npu::residency::{Evidence, Residency, sample_accel, sample_mem_usage, weigh_npu};
 use crate::package::BackbonePackage;
 
 enum Input {
@@ -98,7 +100,7 @@ fn serve(rx: mpsc::Receiver<Input>, running: Running, mut out: BufWriter<File>) 
                     match load_backbone(&load) {
                         Ok((b, loaded)) => {
                             backbone = Some(b);
-                            Reply::Loaded(loaded)
+                            Reply::Loaded(Box::new(loaded))
                         }
                         Err(e) => {
                             tracing::error!("load failed: {e}");
@@ -141,16 +143,52 @@ fn serve(rx: mpsc::Receiver<Input>, running: Running, mut out: BufWriter<File>) 
 }
 
 fn load_backbone(load: &Load) -> Result<(OrtBackbone, Loaded), EngineError> {
-    let env = crate::runtime::environment(load.ort_lib.as_deref())
-        .map_err(|e| EngineError::Runtime(e.to_string()))?;
+    let npu = load.ort.device == Device::Npu;
+    // The RyzenAI provider only works with the ONNX Runtime it was built against: on the NPU
+    // route with a venv, that one or none.
+    let root = std::env::var_os(crate::npu::env::RYZENAI_ROOT_VAR).filter(|v| !v.is_empty());
+    let env = match (&load.ort_lib, npu, root) {
+        (None, true, Some(root)) => {
+            let (path, version) = crate::runtime::paired_with_venv(std::path::Path::new(&root))
+                .map_err(|e| EngineError::Device(e.to_string()))?;
+            tracing::info!(
+                "NPU route: the venv's ONNX Runtime {version} ({}), the one its provider pairs with",
+                path.display()
+            );
+            crate::runtime::environment_from("the RyzenAI venv, paired with its provider", &path)
+        }
+        (explicit, ..) => crate::runtime::environment(explicit.as_deref()),
+    }
+    .map_err(|e| EngineError::Runtime(e.to_string()))?;
     let pkg = BackbonePackage::load(&load.package_dir)
         .map_err(|e| EngineError::Graph(format!("package {}: {e}", load.package_dir.display())))?;
-    let b = OrtBackbone::load_backbone(env, &pkg, &load.ort)?;
+    let mut notes = Vec::new();
+    let mem_before = if npu {
+        sample_mem_usage(&load.roots, &mut notes)
+    } else {
+        None
+    };
+    let mut b = OrtBackbone::load_backbone(env, &pkg, &load.ort)?;
+    let residency = if npu {
+        Some(gather_evidence(
+            &mut b,
+            &load.roots,
+            load.evidence_steps,
+            mem_before,
+            notes,
+        )?)
+    } else {
+        None
+    };
     let loaded = Loaded {
         engine: b.describe(),
         device: b.device(),
         providers: b.providers().to_vec(),
-        runtime: crate::runtime::info().map(|i| format!("{} ({})", i.path.display(), i.version)),
+        runtime: crate::runtime::info()
+            .map(|i| format!("{} ({}; {})", i.path.display(), i.version, i.source)),
+        placement: b.placement().cloned(),
+        provider_setup: b.provider_setup().cloned(),
+        residency,
     };
     tracing::info!(
         "backbone loaded on {}: {} (providers: {})",
@@ -158,7 +196,50 @@ fn load_backbone(load: &Load) -> Result<(OrtBackbone, Loaded), EngineError> {
         loaded.engine,
         loaded.providers.join(", ")
     );
+    if let Some(r) = &loaded.residency {
+        if r.is_proven() {
+            tracing::info!("{r}");
+        } else {
+            tracing::warn!("{r}");
+        }
+    }
     Ok((b, loaded))
+}
+
+/// The NPU's residency evidence, gathered by this process about itself: ONNX Runtime's node
+/// placement, and the device's busy time for this process across a short evidence run (a
+/// prefill of a few tokens, then `steps` decode steps; token 0 exists in every vocabulary and
+/// the sequence is reset afterwards).
+fn gather_evidence(
+    b: &mut OrtBackbone,
+    roots: &SystemRoots,
+    steps: usize,
+    mem_usage_before: Option<u64>,
+    mut notes: Vec<String>,
+) -> Result<Residency, EngineError> {
+    let pid = std::process::id();
+    let accel_before = sample_accel(pid, roots, &mut notes);
+    b.reset();
+    b.append(&[0; 8])?;
+    for _ in 0..steps {
+        b.append(&[0])?;
+    }
+    b.reset();
+    let accel_after = sample_accel(pid, roots, &mut notes);
+    let mem_usage_after = if mem_usage_before.is_some() {
+        sample_mem_usage(roots, &mut notes)
+    } else {
+        None
+    };
+    Ok(weigh_npu(Evidence {
+        placement: b.placement().cloned(),
+        accel_before,
+        accel_after,
+        decode_steps: steps,
+        mem_usage_before,
+        mem_usage_after,
+        notes,
+    }))
 }
 
 /// Runs one generation, streaming codes; returns Err only when the reply stream is gone.

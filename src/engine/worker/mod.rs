@@ -8,6 +8,7 @@
 //! holder, respawn after a crash).
 
 pub mod child;
+pub mod probe;
 pub mod protocol;
 mod proxy;
 

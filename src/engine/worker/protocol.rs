@@ -6,8 +6,8 @@
 //! 50-70 codes a second. Every message is an object with a `"type"` tag:
 //!
 //! Parent -> worker ([`Request`]):
-//! - `load {package_dir, ort_lib, ort: {intra_threads, kv_mode, prefill_chunk, device}}`: load the
-//!   backbone only (no tokenizer, no codec) on the device;
+//! - `load {package_dir, ort_lib, ort: {intra_threads, kv_mode, prefill_chunk, device, ...},
+//!   roots, evidence_steps}`: load the backbone only (no tokenizer, no codec) on the device;
 //! - `generate {id, prompt, candidates, params}`: one generation; the worker streams `code`s;
 //! - `cancel {id}`: stop generation `id` within one step (it still ends with `done`);
 //! - `shutdown`: release the model and exit (end of stdin means the same).
@@ -15,8 +15,10 @@
 //! Worker -> parent ([`Reply`]):
 //! - `hello {protocol, pid, version, env}`: first, before anything is loaded; `env` is the NPU
 //!   environment as the worker sees it (XILINX_XRT, LD_LIBRARY_PATH, RYZENAI_EP_PATH);
-//! - `loaded {engine, device, providers, runtime}`: the backbone is ready; `providers` are the
-//!   execution providers the session was built with;
+//! - `loaded {engine, device, providers, runtime, placement, provider_setup, residency}`: the
+//!   backbone is ready; `providers` are the execution providers the session was built with,
+//!   `placement` where ONNX Runtime put the nodes, and on the NPU what the provider was given and
+//!   the residency verdict from the worker's own evidence (an evidence run of a few steps);
 //! - `code {id, code}`: one speech code (0..65535), as it is made;
 //! - `done {id, summary}`: the generation ended (stop reason, counts, seed, timings);
 //! - `error {id, error}`: a request failed (`id` null: the load failed).
@@ -32,8 +34,11 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{
-    Candidates, Device, EngineError, Generation, GenerationParams, OrtOptions, StopReason,
+    Candidates, Device, EngineError, Generation, GenerationParams, OrtOptions, ProviderSetup,
+    StopReason,
 };
+use crate::npu::SystemRoots;
+use crate::npu::residency::{Placement, Residency};
 
 /// Bumped when a message changes shape; `hello` carries it and the parent refuses a mismatch.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -63,6 +68,20 @@ pub struct Load {
     pub ort_lib: Option<PathBuf>,
     /// Session options, including the device.
     pub ort: OrtOptions,
+    /// Where /sys, /dev and /proc are for the residency evidence (tests fake them).
+    #[serde(default)]
+    pub roots: SystemRoots,
+    /// On the NPU: decode steps of the evidence run after the load (device busy time must grow
+    /// across them for residency to be proven).
+    #[serde(default = "default_evidence_steps")]
+    pub evidence_steps: usize,
+}
+
+/// Enough steps for the device's busy counter to move, few enough to cost nothing next to a load.
+pub const EVIDENCE_STEPS: usize = 8;
+
+fn default_evidence_steps() -> usize {
+    EVIDENCE_STEPS
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,7 +96,8 @@ pub struct Generate {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Reply {
     Hello(Hello),
-    Loaded(Loaded),
+    // Boxed: the residency evidence makes it far larger than the per-code messages.
+    Loaded(Box<Loaded>),
     Code { id: u64, code: u32 },
     Done { id: u64, summary: Summary },
     Error { id: Option<u64>, error: WireError },
@@ -121,6 +141,15 @@ pub struct Loaded {
     pub providers: Vec<String>,
     /// The ONNX Runtime library the worker loaded and its version.
     pub runtime: Option<String>,
+    /// Where ONNX Runtime placed the graph's nodes (`None`: it could not say).
+    #[serde(default)]
+    pub placement: Option<Placement>,
+    /// On the NPU: everything the RyzenAI provider was given.
+    #[serde(default)]
+    pub provider_setup: Option<ProviderSetup>,
+    /// On the NPU: the residency verdict from the worker's own evidence.
+    #[serde(default)]
+    pub residency: Option<Residency>,
 }
 
 /// How a generation ended; the codes themselves went out as `code` messages.
@@ -281,6 +310,8 @@ mod tests {
                     device: Device::Npu,
                     ..OrtOptions::default()
                 },
+                roots: SystemRoots::under("/fake"),
+                evidence_steps: 3,
             }),
             Request::Generate(Generate {
                 id: 7,

@@ -10,16 +10,17 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::protocol::{
-    Generate, Hello, Load, Loaded, PROTOCOL_VERSION, Reply, Request, read_frame, write_frame,
+    EVIDENCE_STEPS, Generate, Hello, Load, Loaded, PROTOCOL_VERSION, Reply, Request, read_frame,
+    write_frame,
 };
 use crate::engine::{
     CancelToken, Candidates, Device, Engine, EngineError, Generation, GenerationParams, OrtOptions,
     StopReason,
 };
+use crate::npu::SystemRoots;
 use crate::npu::env::{EnvInputs, worker_env};
 use crate::npu::lifecycle::{Child, Ending, StopGrace, StopOutcome, holds_accel};
-use crate::npu::residency::{Residency, log_names_provider, prove, read_mem_usage};
-use crate::npu::{PROVIDER_NAME, SystemRoots};
+use crate::npu::residency::Residency;
 
 /// How often the watchdog reaps (a reap by anyone else wakes it at once).
 const WATCHDOG_INTERVAL: Duration = Duration::from_millis(50);
@@ -52,6 +53,8 @@ pub struct WorkerConfig {
     /// Wait before the one retry of a failed non-streamed request; `None`: no retry. The NPU
     /// route uses [`NPU_RETRY_DELAY`].
     pub retry_delay: Option<Duration>,
+    /// RYZENAI_EP_PATH for the worker, over what the environment rules set (`--ep-library`).
+    pub ep_library: Option<PathBuf>,
 }
 
 impl WorkerConfig {
@@ -82,6 +85,7 @@ impl WorkerConfig {
             allow_kill: false,
             roots: SystemRoots::default(),
             retry_delay: npu.then_some(NPU_RETRY_DELAY),
+            ep_library: None,
             ort,
         })
     }
@@ -375,14 +379,6 @@ impl WorkerEngine {
     }
 
     fn spawn(&mut self) -> Result<(), EngineError> {
-        let npu = self.cfg.ort.device == Device::Npu;
-        let mem_before = if npu {
-            read_mem_usage(&self.cfg.roots)
-                .map_err(|e| tracing::warn!("npu mem_usage before the load: {e}"))
-                .ok()
-        } else {
-            None
-        };
         let plan = worker_env(&self.cfg.env).map_err(|e| EngineError::Worker(e.to_string()))?;
         tracing::info!("{plan}");
         let exe = self.cfg.env.worker_exe.clone();
@@ -392,6 +388,9 @@ impl WorkerEngine {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         plan.apply(&mut cmd);
+        if let Some(lib) = &self.cfg.ep_library {
+            cmd.env(crate::npu::env::RYZENAI_EP_PATH_VAR, lib);
+        }
         let child = Child::spawn(&mut cmd, "worker").map_err(|e| {
             EngineError::Worker(format!("starting `{} worker`: {e}", exe.display()))
         })?;
@@ -438,17 +437,12 @@ impl WorkerEngine {
         tracing::info!("worker pid {pid} started: {} worker", exe.display());
         match self.handshake(&mut live) {
             Ok(loaded) => {
-                let residency = npu.then(|| {
-                    let after = read_mem_usage(&self.cfg.roots)
-                        .map_err(|e| tracing::warn!("npu mem_usage after the load: {e}"))
-                        .ok();
-                    let logged = loaded.providers.iter().any(|p| p == PROVIDER_NAME)
-                        || log_names_provider(&self.handle.log_tail());
-                    prove(&self.cfg.roots, mem_before, after, pid, logged)
-                });
+                // The worker weighed its own evidence (only it can read its placement and see
+                // its device counters across decode steps).
+                let residency = loaded.residency.clone();
                 match &residency {
-                    Some(r @ Residency::Proven) => tracing::info!("{r}"),
-                    Some(r) => tracing::warn!("{r}"),
+                    Some(r) if r.is_proven() => tracing::info!("worker pid {pid}: {r}"),
+                    Some(r) => tracing::warn!("worker pid {pid}: {r}"),
                     None => {}
                 }
                 tracing::info!(
@@ -513,6 +507,8 @@ impl WorkerEngine {
             package_dir: self.cfg.package_dir.clone(),
             ort_lib: self.cfg.ort_lib.clone(),
             ort: self.cfg.ort.clone(),
+            roots: self.cfg.roots.clone(),
+            evidence_steps: EVIDENCE_STEPS,
         });
         if let Err(e) = live.send(&load) {
             return Err((
@@ -521,7 +517,7 @@ impl WorkerEngine {
             ));
         }
         match live.recv() {
-            Event::Reply(Reply::Loaded(l)) => Ok(l),
+            Event::Reply(Reply::Loaded(l)) => Ok(*l),
             Event::Reply(Reply::Error { error, .. }) => Err((error.into(), false)),
             Event::Reply(other) => Err((
                 EngineError::Worker(format!("expected loaded, got {other:?}")),

@@ -1,0 +1,155 @@
+//! `onebit-tts npu probe`: the NPU session setup exactly as `--device npu` does it, in a worker
+//! child with the NPU environment, followed by the worker's evidence run (one prefill and a few
+//! decode steps), and a report of everything observed. Nothing here is assumed: a field the
+//! worker could not observe is reported as unknown.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::proxy::{WorkerConfig, WorkerEngine};
+use crate::engine::{CustomOpsRoute, ProviderSetup};
+use crate::npu::residency::{Placement, Residency, ResidencyState};
+
+/// Exit status of `npu probe` when residency is proven.
+pub const EXIT_PROVEN: u8 = 0;
+/// The session ran, but residency is not proven (the provider declined nodes, no device activity).
+pub const EXIT_UNPROVEN: u8 = 2;
+/// The session could not be set up (no provider library, no NPU device, unpaired runtime, ...).
+pub const EXIT_SETUP_FAILED: u8 = 3;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeReport {
+    pub package: String,
+    /// The worker's ONNX Runtime library, version and why that one.
+    pub runtime: Option<String>,
+    /// The NPU environment as the worker saw it (XILINX_XRT, LD_LIBRARY_PATH, RYZENAI_EP_PATH).
+    pub worker_env: BTreeMap<String, Option<String>>,
+    pub engine: Option<String>,
+    pub provider_setup: Option<ProviderSetup>,
+    pub placement: Option<Placement>,
+    pub residency: Residency,
+    /// The worker's last log lines when the setup failed.
+    pub log_tail: Option<String>,
+}
+
+impl ProbeReport {
+    pub fn exit_code(&self) -> u8 {
+        match self.residency.state {
+            ResidencyState::Proven => EXIT_PROVEN,
+            ResidencyState::Unproven => EXIT_UNPROVEN,
+            ResidencyState::Failed => EXIT_SETUP_FAILED,
+        }
+    }
+
+    /// The human-readable report.
+    pub fn text(&self) -> String {
+        let unknown = || "unknown".to_owned();
+        let mut s = format!("npu probe: {}\n", self.package);
+        let mut line = |k: &str, v: String| {
+            let _ = writeln!(s, "  {k:<18} {v}");
+        };
+        line("ONNX Runtime", self.runtime.clone().unwrap_or_else(unknown));
+        for (k, v) in &self.worker_env {
+            line(k, v.clone().unwrap_or_else(|| "(unset)".into()));
+        }
+        match &self.provider_setup {
+            Some(p) => {
+                line(
+                    "provider library",
+                    format!("{} ({})", p.library.display(), p.library_source),
+                );
+                let devices: Vec<String> = p
+                    .ep_devices
+                    .iter()
+                    .map(|d| format!("{}/{} ({})", d.ep, d.hardware, d.ep_vendor))
+                    .collect();
+                line("EP devices", devices.join(", "));
+                line("NPU devices used", p.npu_devices.to_string());
+                line("provider options", kv(&p.options));
+                line("config entries", kv(&p.config_entries));
+                line(
+                    "custom ops",
+                    match &p.custom_ops {
+                        CustomOpsRoute::Library { path } => {
+                            format!("RegisterCustomOpsLibrary_V2({})", path.display())
+                        }
+                        CustomOpsRoute::Function { name } => {
+                            format!("RegisterCustomOpsUsingFunction({name})")
+                        }
+                    },
+                );
+                line(
+                    "strict",
+                    if p.strict {
+                        "session.disable_cpu_ep_fallback=1".into()
+                    } else {
+                        "off (declined nodes run on the CPU)".into()
+                    },
+                );
+            }
+            None => line("provider setup", unknown()),
+        }
+        line("engine", self.engine.clone().unwrap_or_else(unknown));
+        line(
+            "node placement",
+            self.placement
+                .as_ref()
+                .map_or_else(unknown, ToString::to_string),
+        );
+        line("residency", self.residency.state.as_str().to_owned());
+        for r in &self.residency.reasons {
+            let _ = writeln!(s, "    - {r}");
+        }
+        if let Some(tail) = &self.log_tail {
+            let _ = writeln!(s, "  worker log (last lines):");
+            for l in tail.lines() {
+                let _ = writeln!(s, "    {l}");
+            }
+        }
+        s
+    }
+}
+
+fn kv(m: &BTreeMap<String, String>) -> String {
+    if m.is_empty() {
+        return "(none)".into();
+    }
+    m.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Starts a worker on `cfg` (its device must be the NPU), lets it load and run its evidence run,
+/// reports, and stops it.
+pub fn probe(cfg: WorkerConfig) -> ProbeReport {
+    let package = cfg.package_dir.display().to_string();
+    let mut worker = WorkerEngine::new(cfg);
+    let started = worker.start();
+    let h = worker.handle();
+    let hello = h.hello();
+    let loaded = h.loaded();
+    let report = ProbeReport {
+        package,
+        runtime: loaded.as_ref().and_then(|l| l.runtime.clone()),
+        worker_env: hello.map(|h| h.env).unwrap_or_default(),
+        engine: loaded.as_ref().map(|l| l.engine.clone()),
+        provider_setup: loaded.as_ref().and_then(|l| l.provider_setup.clone()),
+        placement: loaded.as_ref().and_then(|l| l.placement.clone()),
+        residency: match (&started, loaded.as_ref().and_then(|l| l.residency.clone())) {
+            (Err(e), _) => Residency::failed(e.to_string()),
+            (Ok(()), Some(r)) => r,
+            (Ok(()), None) => Residency::failed("the worker reported no residency evidence"),
+        },
+        log_tail: started.as_ref().err().map(|_| last_lines(&h.log_tail(), 8)),
+    };
+    let _ = worker.shutdown();
+    report
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
