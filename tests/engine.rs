@@ -349,3 +349,136 @@ fn decode_time_leaves_out_the_time_spent_in_on_code() {
         g.decode
     );
 }
+
+// ---- Static KV caches (AMD's NPU package shape: past length fixed in the graph) ----
+
+/// The generated static packages' fixed past length (scripts/gen-test-models.sh).
+const STATIC_LEN: usize = 512;
+
+#[test]
+fn a_static_package_decodes_the_dynamic_packages_codes_until_its_cache_is_full() {
+    let (pkg, mut dynamic) = load("tiny", KvMode::Shared);
+    let c = candidates(&pkg);
+    // --kv growing is overridden by the graph's fixed length, as onnxruntime-genai does.
+    for kv in [KvMode::Shared, KvMode::Growing] {
+        let (_, mut b) = load("tiny-static", kv);
+        assert_eq!((b.budget(), b.static_kv()), (STATIC_LEN, Some(STATIC_LEN)));
+        assert!(
+            b.describe()
+                .contains(&format!("static shared buffer of {STATIC_LEN} positions")),
+            "{}",
+            b.describe()
+        );
+        for prompt in prompts(&pkg) {
+            let room = STATIC_LEN - prompt.len();
+            let want = run(&mut dynamic, &c, &prompt, &greedy(0, Some(room)));
+            let got = run(&mut b, &c, &prompt, &greedy(0, None));
+            assert_eq!(got.codes, want.codes, "{kv:?} prompt of {}", prompt.len());
+            assert_eq!(got.stop, want.stop, "{kv:?} prompt of {}", prompt.len());
+        }
+    }
+}
+
+#[test]
+fn static_packages_equal_onnxruntime_genai_token_for_token() {
+    for model in ["tiny-static", "tiny-static-f16"] {
+        let (pkg, mut b) = load(model, KvMode::Shared);
+        let c = candidates(&pkg);
+        let ps = prompts(&pkg);
+        let max_new = 150;
+        let reference = oga(model, &ps, max_new, &pkg.stop_ids, true);
+        for (prompt, want) in ps.iter().zip(&reference) {
+            let g = run(&mut b, &c, prompt, &greedy(0, Some(max_new)));
+            let mut ids: Vec<u32> = g.codes.iter().map(|&x| pkg.vocab.code_to_id(x)).collect();
+            if let StopReason::Stop(id) = g.stop {
+                ids.push(id);
+            }
+            assert_eq!(&ids, want, "{model}: prompt of {}", prompt.len());
+            assert!(ids.len() >= 20, "the comparison must cover many steps");
+        }
+    }
+}
+
+#[test]
+fn a_float16_static_package_runs_the_chain_to_its_end() {
+    let exp = common::expect("tiny-static-f16");
+    assert_eq!(exp["kv_dtype"], "float16");
+    let end_after = exp["end_after_code"].as_u64().unwrap() as u32;
+    let (pkg, mut b) = load("tiny-static-f16", KvMode::Shared);
+    assert!(b.describe().contains("KV (f16)"), "{}", b.describe());
+    let c = candidates(&pkg);
+    let start = end_after - 60;
+    let prompt = vec![pkg.vocab.generation_start, pkg.vocab.code_to_id(start)];
+    let g = run(&mut b, &c, &prompt, &greedy(0, None));
+    assert_eq!(g.codes, (start + 1..=end_after).collect::<Vec<_>>());
+    assert_eq!(g.stop, StopReason::Stop(pkg.vocab.end));
+    // float16 logits of the last position only, converted for the sampler.
+    b.reset();
+    let row = b.append(&prompt).unwrap();
+    assert_eq!(row.len(), pkg.genai.model.vocab_size);
+    assert!(row.iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn a_prompt_that_overflows_a_static_cache_is_refused_before_any_work() {
+    let (pkg, mut b) = load("tiny-static", KvMode::Shared);
+    let c = candidates(&pkg);
+    let prompt = vec![pkg.vocab.code_to_id(1); 600];
+    let err = engine::generate(
+        &mut b,
+        &c,
+        &prompt,
+        &greedy(0, None),
+        &CancelToken::new(),
+        &mut |_| ControlFlow::Continue(()),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::StaticKvFull {
+                prompt: 600,
+                capacity: STATIC_LEN
+            }
+        ),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("the prompt needs 600 positions")
+            && msg.contains(&format!("static KV cache holds {STATIC_LEN}")),
+        "{msg}"
+    );
+    assert_eq!(b.len(), 0, "no token was run");
+    // Appending past the end is the same typed error, never an ONNX Runtime shape error, and the
+    // sequence so far is kept.
+    b.reset();
+    b.append(&prompt[..STATIC_LEN - 1]).unwrap();
+    let err = b.append(&prompt[..2]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::StaticKvFull {
+                prompt: 513,
+                capacity: STATIC_LEN
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(b.len(), STATIC_LEN - 1);
+    b.append(&prompt[..1]).unwrap();
+    assert_eq!(b.len(), STATIC_LEN);
+}
+
+#[test]
+fn a_generation_that_fills_a_static_cache_ends_with_length() {
+    let (pkg, mut b) = load("tiny-static", KvMode::Shared);
+    let c = candidates(&pkg);
+    // 500 prompt tokens whose chain runs on for tens of thousands of codes.
+    let mut prompt = vec![pkg.vocab.generation_start];
+    prompt.extend((0..499u32).map(|i| pkg.vocab.code_to_id(1000 + i)));
+    let g = run(&mut b, &c, &prompt, &greedy(0, Some(10_000)));
+    assert_eq!(g.stop, StopReason::Length);
+    assert_eq!(g.codes, (1499..1499 + 12).collect::<Vec<_>>());
+    assert_eq!(prompt.len() + g.codes.len(), STATIC_LEN);
+}

@@ -10,7 +10,17 @@ MatMulNBits lm_head), with weights chosen so that greedy decoding is predictable
 
     python tools/gen_models.py --out DIR [--variant chain|random|textbias]
                                [--real-shape] [--codec real|tiny] [--voice-out FILE]
-                               [--encoder-out FILE]
+                               [--encoder-out FILE] [--kv-len N] [--kv-dtype float32|float16]
+                               [--last-logits] [--mask-dtype int64|int32]
+
+Static packages (--kv-len N), shaped like AMD's NPU packages: past_key_values.* and present.*
+are declared [1, kv_heads, N, head_size] with numbers, batch 1, and genai_config.json asks for
+past_present_share_buffer. GroupQueryAttention runs on that one buffer as it does on any shared
+buffer: it writes the new K/V at position seqlens_k and attends to positions 0..seqlens_k only,
+with attention_mask [1, total] of ones as onnxruntime-genai feeds it.
+--kv-dtype float16 runs attention (and holds the KV cache) in float16 and returns float16
+logits; --last-logits projects the last position only (logits [1, 1, V]); --mask-dtype int32
+declares attention_mask int32.
 
 Variants (see tools/README.md):
   chain     after <|speech_c|> the greedy next token is <|speech_{c+1}|> (mod 65536);
@@ -605,18 +615,24 @@ def matmul_nbits(g, name, inp, wname, q, out):
         [out], domain="com.microsoft", K=q.k, N=q.n, accuracy_level=ACCURACY_LEVEL, bits=4, block_size=BLOCK)
 
 
-def build_decoder(shape, W, ids, path, external):
+def build_decoder(shape, W, ids, path, external, kv_len=None, kv_dtype="float32", last_logits=False,
+                  mask_dtype="int64"):
+    """kv_len: a static past length (declared as a number) or None (symbolic); kv_dtype: the KV
+    cache's and attention's element type (float16 also makes the logits float16)."""
     H, nl = shape["hidden"], shape["layers"]
     nh, nkv, hd = shape["heads"], shape["kv_heads"], shape["head_size"]
     V = shape["vocab_size"]
     L = W["layout"]
     g = Graph(path + ".data" if external else None)
+    KV = TensorProto.FLOAT16 if kv_dtype == "float16" else TensorProto.FLOAT
+    MASK = TensorProto.INT32 if mask_dtype == "int32" else TensorProto.INT64
 
     # attention mask -> seqlens_k (sum - 1, int32) and total_sequence_length (int32)
     c1v = g.const_i64("[1]", 1)
     p = "/model/attn_mask_reformat/attn_mask_subgraph"
     g.node("ReduceSum", f"{p}/ReduceSum", ["attention_mask", c1v], [f"{p}/ReduceSum/output_0"], keepdims=0)
-    g.node("Sub", f"{p}/Sub", [f"{p}/ReduceSum/output_0", c1v], [f"{p}/Sub/output_0"])
+    one = c1v if MASK == TensorProto.INT64 else g.init("/model/constants/INT32/[1]", np.array([1], dtype=np.int32))
+    g.node("Sub", f"{p}/Sub", [f"{p}/ReduceSum/output_0", one], [f"{p}/Sub/output_0"])
     seqlens_k = g.node("Cast", f"{p}/Sub/Cast", [f"{p}/Sub/output_0"], [f"{p}/Sub/Cast/output_0"], to=TensorProto.INT32)
     g.node("Shape", f"{p}/Shape", ["attention_mask"], [f"{p}/Shape/output_0"])
     c1s = g.const_i64("1", 1, scalar=True)
@@ -663,8 +679,8 @@ def build_decoder(shape, W, ids, path, external):
                ["model.embed_tokens.weight.text", f"{q}/Add/output_0", "model.embed_tokens.weight.padding"],
                ["model.embed_tokens.weight"], axis=0)
     x = g.node("Gather", "/model/embed_tokens/Gather", ["model.embed_tokens.weight", "input_ids"], ["/model/embed_tokens/Gather/output_0"])
-    g.init("cos_cache", W["cos_cache"])
-    g.init("sin_cache", W["sin_cache"])
+    g.init("cos_cache", W["cos_cache"].astype(np.float16 if KV == TensorProto.FLOAT16 else np.float32))
+    g.init("sin_cache", W["sin_cache"].astype(np.float16 if KV == TensorProto.FLOAT16 else np.float32))
 
     residual = x
     ln_out = None
@@ -688,6 +704,8 @@ def build_decoder(shape, W, ids, path, external):
         qkv = matmul_nbits(g, f"{b}/attn/qkv_proj", ln_out, f"{wn}.attn.qkv_proj", d["qkv"], f"{b}/attn/qkv_proj/MatMul/output_0")
         g.init(f"{wn}.attn.qkv_proj.Add.bias", d["qkv_bias"])
         qkv = g.node("Add", f"{b}/attn/qkv_proj/Add", [qkv, f"{wn}.attn.qkv_proj.Add.bias"], [f"{b}/attn/qkv_proj/Add/output_0"])
+        if KV == TensorProto.FLOAT16:
+            qkv = g.node("Cast", f"{b}/attn/qkv_proj/Cast", [qkv], [f"{b}/attn/qkv_proj/Cast/output_0"], to=KV)
         attn = g.node(
             "GroupQueryAttention", f"{b}/attn/GroupQueryAttention",
             [qkv, "", "", f"past_key_values.{l}.key", f"past_key_values.{l}.value", seqlens_k, total_len,
@@ -695,6 +713,8 @@ def build_decoder(shape, W, ids, path, external):
             [f"{b}/attn/GroupQueryAttention/output_0", f"present.{l}.key", f"present.{l}.value"],
             domain="com.microsoft", num_heads=nh, kv_num_heads=nkv, scale=float(1.0 / math.sqrt(hd)),
             local_window_size=-1, softcap=0.0, do_rotary=1, rotary_interleaved=0)
+        if KV == TensorProto.FLOAT16:
+            attn = g.node("Cast", f"{b}/attn/Cast", [attn], [f"{b}/attn/Cast/output_0"], to=TensorProto.FLOAT)
         o = matmul_nbits(g, f"{b}/attn/o_proj", attn, f"{wn}.attn.o_proj", d["o"], f"{b}/attn/o_proj/MatMul/output_0")
         g.init(f"{wn}.post_attention_layernorm.weight", d["ln2"])
         g.node("SkipSimplifiedLayerNormalization", f"{b}/post_attention_layernorm/SkipLayerNorm",
@@ -712,23 +732,38 @@ def build_decoder(shape, W, ids, path, external):
 
     b = f"/model/layers.{nl}"
     g.init(f"model.layers.{nl}.final_norm_layernorm.weight", W["final_norm"])
-    g.node("SkipSimplifiedLayerNormalization", f"{b}/final_norm_layernorm/SkipLayerNorm",
-           [residual, prev_down, f"model.layers.{nl}.final_norm_layernorm.weight"],
-           [f"{b}/final_norm_layernorm/output_0"], domain="com.microsoft", epsilon=RMS_EPS)
-    matmul_nbits(g, "/lm_head", f"{b}/final_norm_layernorm/output_0", "lm_head", W["lm_head"], "logits")
+    final = g.node("SkipSimplifiedLayerNormalization", f"{b}/final_norm_layernorm/SkipLayerNorm",
+                   [residual, prev_down, f"model.layers.{nl}.final_norm_layernorm.weight"],
+                   [f"{b}/final_norm_layernorm/output_0"], domain="com.microsoft", epsilon=RMS_EPS)
+    if last_logits:
+        g.init("/lm_head/last/starts", np.array([-1], dtype=np.int64))
+        g.init("/lm_head/last/ends", np.array([np.iinfo(np.int64).max], dtype=np.int64))
+        g.init("/lm_head/last/axes", np.array([1], dtype=np.int64))
+        final = g.node("Slice", "/lm_head/last/Slice",
+                       [final, "/lm_head/last/starts", "/lm_head/last/ends", "/lm_head/last/axes"],
+                       ["/lm_head/last/Slice/output_0"])
+    LOGITS = KV  # a float16 export's logits are float16 too
+    if LOGITS == TensorProto.FLOAT:
+        matmul_nbits(g, "/lm_head", final, "lm_head", W["lm_head"], "logits")
+    else:
+        f32 = matmul_nbits(g, "/lm_head", final, "lm_head", W["lm_head"], "/lm_head/MatMul/output_0")
+        g.node("Cast", "/lm_head/Cast", [f32], ["logits"], to=LOGITS)
 
-    F = TensorProto.FLOAT
+    # Static packages (AMD's NPU shape): batch 1, past and present of the fixed length.
+    batch = 1 if kv_len else "batch_size"
+    past_len = kv_len or "past_sequence_length"
+    present_len = kv_len or "total_sequence_length"
     inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, "sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", MASK, [batch, "total_sequence_length"]),
     ]
-    outputs = [helper.make_tensor_value_info("logits", F, ["batch_size", "sequence_length", V])]
+    outputs = [helper.make_tensor_value_info("logits", LOGITS, [batch, 1 if last_logits else "sequence_length", V])]
     for kind in ("key", "value"):
         for l in range(nl):
             inputs.append(helper.make_tensor_value_info(
-                f"past_key_values.{l}.{kind}", F, ["batch_size", nkv, "past_sequence_length", "kv_cache_dim"]))
+                f"past_key_values.{l}.{kind}", KV, [batch, nkv, past_len, "kv_cache_dim"]))
             outputs.append(helper.make_tensor_value_info(
-                f"present.{l}.{kind}", F, ["batch_size", nkv, "total_sequence_length", "kv_cache_dim"]))
+                f"present.{l}.{kind}", KV, [batch, nkv, present_len, "kv_cache_dim"]))
     graph = helper.make_graph(g.nodes, "main_graph", inputs, outputs, initializer=g.inits)
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 22), helper.make_opsetid("com.microsoft", 1)],
@@ -1093,7 +1128,7 @@ def build_encoder(path):
 # Configs, voice, main
 # ---------------------------------------------------------------------------------------
 
-def genai_config(shape, ids):
+def genai_config(shape, ids, share_buffer=False):
     return {
         "model": {
             "bos_token_id": ids["endoftext"],
@@ -1133,7 +1168,7 @@ def genai_config(shape, ids):
             "no_repeat_ngram_size": 0,
             "num_beams": 1,
             "num_return_sequences": 1,
-            "past_present_share_buffer": False,
+            "past_present_share_buffer": share_buffer,
             "repetition_penalty": 1.0,
             "temperature": 1.0,
             "top_k": 50,
@@ -1195,9 +1230,11 @@ def write_json(path, obj, indent=4):
         f.write("\n")
 
 
-def generate(out, variant="chain", real_shape=False, encoder=None, codec=None):
+def generate(out, variant="chain", real_shape=False, encoder=None, codec=None, kv_len=None,
+             kv_dtype="float32", last_logits=False, mask_dtype="int64"):
     """codec: "real" (the NeuCodec-shaped decoder, ~765 MB) or "tiny" (a few-KB stand-in); by
-    default real with real_shape, tiny otherwise."""
+    default real with real_shape, tiny otherwise. kv_len, kv_dtype, last_logits, mask_dtype: see
+    the module's docstring (static packages)."""
     shape = dict(REAL if real_shape else TINY)
     codec = codec or ("real" if real_shape else "tiny")
     os.makedirs(out, exist_ok=True)
@@ -1214,14 +1251,17 @@ def generate(out, variant="chain", real_shape=False, encoder=None, codec=None):
         f.write("\n")
     del tok
     write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config(shape), indent=2)
-    write_json(os.path.join(out, "genai_config.json"), genai_config(shape, ids))
+    # search.max_length stays the context: as in onnxruntime-genai, the graph's fixed length is
+    # what bounds a static package.
+    write_json(os.path.join(out, "genai_config.json"), genai_config(shape, ids, share_buffer=bool(kv_len)))
     write_json(os.path.join(out, "config.json"), hf_config(shape, ids), indent=2)
 
     W = build_weights(shape, variant, ids)
     data = os.path.join(out, "model.onnx.data")
     if os.path.exists(data):
         os.remove(data)
-    build_decoder(shape, W, ids, os.path.join(out, "model.onnx"), shape["external_data"])
+    build_decoder(shape, W, ids, os.path.join(out, "model.onnx"), shape["external_data"], kv_len, kv_dtype,
+                  last_logits, mask_dtype)
     if codec == "real":
         build_neucodec(os.path.join(out, "codec", "model.onnx"))
     else:
@@ -1249,6 +1289,10 @@ def generate(out, variant="chain", real_shape=False, encoder=None, codec=None):
         "end_id": ids["speech_end"],
         "speech_first_id": ids["speech_first"],
         "speech_count": N_SPEECH,
+        "kv_len": kv_len,
+        "kv_dtype": kv_dtype,
+        "last_logits": last_logits,
+        "mask_dtype": mask_dtype,
     }
     if variant in ("chain", "textbias"):
         expect["end_after_code"] = W["end_after_code"]
@@ -1296,7 +1340,18 @@ def main(argv=None):
                     help="also write a tiny NeuCodec-encoder-shaped ONNX here (16 kHz float [B,1,T] -> "
                          "int32 codes [B,1,F], 320 samples per code); inside OUT/codec it is also "
                          "declared as the package's encoder in codec.json")
+    ap.add_argument("--kv-len", type=int,
+                    help="static KV cache: past_key_values.* and present.* declared [1, kv_heads, N, head_size] "
+                         "with numbers (AMD's NPU package shape), past_present_share_buffer on")
+    ap.add_argument("--kv-dtype", choices=["float32", "float16"], default="float32",
+                    help="KV cache and attention element type; float16 also makes the logits float16")
+    ap.add_argument("--last-logits", action="store_true",
+                    help="project the last position only: logits [B, 1, V]")
+    ap.add_argument("--mask-dtype", choices=["int64", "int32"], default="int64",
+                    help="attention_mask element type")
     a = ap.parse_args(argv)
+    if a.kv_len is not None and a.kv_len < 2:
+        ap.error("--kv-len must be at least 2")
     if not a.out and not a.voice_out and not a.encoder_out:
         ap.error("nothing to do: give --out, --voice-out and/or --encoder-out")
     if a.codec and not a.out:
@@ -1307,7 +1362,8 @@ def main(argv=None):
         if os.path.dirname(os.path.abspath(a.encoder_out)) == codec_dir:
             encoder_in_package = os.path.basename(a.encoder_out)
     if a.out:
-        e = generate(a.out, a.variant, a.real_shape, encoder_in_package, a.codec)
+        e = generate(a.out, a.variant, a.real_shape, encoder_in_package, a.codec, a.kv_len, a.kv_dtype,
+                     a.last_logits, a.mask_dtype)
         print("wrote %s: variant %s, codec %s, vocab_size %d, speech ids %d..%d, END %d%s" % (
             a.out, a.variant, e["codec"], e["vocab_size"], e["speech_first_id"], e["speech_first_id"] + N_SPEECH - 1,
             e["speech_end_id"], ", end_after_code %d" % e["end_after_code"] if "end_after_code" in e else ""))

@@ -35,6 +35,12 @@ pub enum EngineError {
         "the prompt has {prompt} tokens but the model's budget is {budget} tokens per sequence (prompt + generated); shorten the text or use a shorter reference voice"
     )]
     PromptTooLong { prompt: usize, budget: usize },
+    /// The graph declares a fixed past length (AMD's NPU packages) and the prompt leaves no room
+    /// in it.
+    #[error(
+        "the prompt needs {prompt} positions; this package's static KV cache holds {capacity} (prompt and generated codes together); shorten the text or use a shorter reference voice"
+    )]
+    StaticKvFull { prompt: usize, capacity: usize },
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("onnx runtime: {0}")]
@@ -109,6 +115,10 @@ pub trait Backbone: Send {
     }
     /// Most tokens (prompt + generated) one sequence may hold.
     fn budget(&self) -> usize;
+    /// The past length the graph declares as a number (a static KV cache), if it does.
+    fn static_kv(&self) -> Option<usize> {
+        None
+    }
     fn describe(&self) -> String;
     /// Where the backbone runs.
     fn device(&self) -> Device {
@@ -212,6 +222,15 @@ pub struct Generation {
     pub decode: Duration,
 }
 
+/// The error for a sequence of `prompt` tokens that does not fit `budget`: named after the static
+/// KV cache when that is what sets the limit.
+pub(crate) fn too_long(prompt: usize, budget: usize, static_kv: Option<usize>) -> EngineError {
+    match static_kv {
+        Some(capacity) if capacity <= budget => EngineError::StaticKvFull { prompt, capacity },
+        _ => EngineError::PromptTooLong { prompt, budget },
+    }
+}
+
 /// Runs one generation: prefill the prompt, then one code per step until a stop id, the length
 /// limit or cancellation. `on_code` sees each code as it is made and may stop the run.
 pub fn generate(
@@ -228,10 +247,7 @@ pub fn generate(
     }
     let budget = backbone.budget();
     if prompt.len() >= budget {
-        return Err(EngineError::PromptTooLong {
-            prompt: prompt.len(),
-            budget,
-        });
+        return Err(too_long(prompt.len(), budget, backbone.static_kv()));
     }
     let room = budget - prompt.len();
     let max_new = params.max_new_tokens.map_or(room, |m| m.min(room));

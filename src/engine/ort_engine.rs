@@ -6,6 +6,12 @@
 //! past and present (`past_present_share_buffer`), which GroupQueryAttention updates in place.
 //! The shared buffer starts at [`SHARED_KV_START`] positions and doubles when a sequence needs
 //! more (up to the budget), so a 32k-context package does not hold 32k positions for a sentence.
+//!
+//! A graph whose past inputs declare their length as a number (AMD's NPU packages: batch 1 and a
+//! fixed window) gets what onnxruntime-genai gives it: one shared buffer of exactly that length,
+//! never grown, whatever `--kv` says; sequences stop there. KV caches and logits may be float32,
+//! float16 or bfloat16; the engine only allocates and binds KV memory, and converts the last
+//! logits row to f32 for the sampler.
 
 use std::path::Path;
 
@@ -14,7 +20,9 @@ use ort::logging::LogLevel;
 use ort::memory::Allocator;
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::{Session, SessionInputValue};
-use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
+use ort::value::{
+    DynTensor, DynValue, PrimitiveTensorElementType, Tensor, TensorElementType, ValueType,
+};
 
 use super::device::{self, Device};
 use super::ryzenai::ProviderSetup;
@@ -77,7 +85,16 @@ struct Names {
 pub struct OrtBackbone {
     session: Session,
     names: Names,
+    /// Integer inputs the graph declares as int32 (otherwise int64).
     ids_i32: bool,
+    mask_i32: bool,
+    positions_i32: bool,
+    /// The attention mask's length when the graph declares it as a number (onnxruntime-genai's
+    /// static mask: ones for the sequence, zeros after); otherwise the sequence's length.
+    mask_len: Option<usize>,
+    /// The past length the graph declares as a number: the shared buffer's fixed size.
+    static_kv: Option<usize>,
+    kv_type: TensorElementType,
     kv_heads: usize,
     head_size: usize,
     /// Logits per row, and which token each belongs to (a compact head in optimized packages).
@@ -200,14 +217,101 @@ fn level(name: Option<&str>) -> GraphOptimizationLevel {
     }
 }
 
-fn tensor_type(outlets: &[ort::value::Outlet], name: &str) -> Option<TensorElementType> {
+/// The element type and shape an input or output declares (symbolic dimensions are -1).
+fn declared(outlets: &[ort::value::Outlet], name: &str) -> Option<(TensorElementType, Vec<i64>)> {
     outlets
         .iter()
         .find(|o| o.name() == name)
         .and_then(|o| match o.dtype() {
-            ValueType::Tensor { ty, .. } => Some(*ty),
+            ValueType::Tensor { ty, shape, .. } => Some((*ty, shape.to_vec())),
             _ => None,
         })
+}
+
+/// Whether an integer input is int32 (true) or int64 (false); anything else is refused.
+fn int32_input(path: &str, what: &str, ty: Option<TensorElementType>) -> Result<bool, EngineError> {
+    match ty {
+        Some(TensorElementType::Int64) => Ok(false),
+        Some(TensorElementType::Int32) => Ok(true),
+        other => Err(EngineError::Graph(format!(
+            "{path}: {what} has type {other:?}, expected int64 or int32"
+        ))),
+    }
+}
+
+/// `[1, values.len()]` as int32 or int64, as the graph declares the input.
+fn int_row(i32_input: bool, values: impl Iterator<Item = i64>) -> Result<DynValue, EngineError> {
+    let t = if i32_input {
+        let v: Vec<i32> = values.map(|x| x as i32).collect();
+        Tensor::from_array(([1usize, v.len()], v))?.into_dyn()
+    } else {
+        let v: Vec<i64> = values.collect();
+        Tensor::from_array(([1usize, v.len()], v))?.into_dyn()
+    };
+    Ok(t)
+}
+
+/// A dimension the graph fixes to a number.
+fn fixed(dim: i64) -> Option<usize> {
+    usize::try_from(dim).ok().filter(|&d| d > 0)
+}
+
+/// What the past inputs declare: their one element type, and their length when every layer fixes
+/// it to the same number. Dimensions fixed to something else than this engine feeds (batch 1, the
+/// config's heads and head size) are refused here rather than by ONNX Runtime mid-request.
+fn past_layout(
+    outlets: &[ort::value::Outlet],
+    past: &[(String, String)],
+    kv_heads: usize,
+    head_size: usize,
+    path: &str,
+) -> Result<(TensorElementType, Option<usize>), EngineError> {
+    let mut ty0 = None;
+    let mut lens = Vec::new();
+    for name in past.iter().flat_map(|(k, v)| [k, v]) {
+        let Some((ty, dims)) = declared(outlets, name) else {
+            return Err(EngineError::Graph(format!(
+                "{path}: input {name:?} is not a tensor"
+            )));
+        };
+        if !matches!(
+            ty,
+            TensorElementType::Float32 | TensorElementType::Float16 | TensorElementType::Bfloat16
+        ) {
+            return Err(EngineError::Graph(format!(
+                "{path}: {name} is {ty:?}; this engine runs float32, float16 and bfloat16 KV caches"
+            )));
+        }
+        if *ty0.get_or_insert(ty) != ty {
+            return Err(EngineError::Graph(format!(
+                "{path}: {name} is {ty:?} but {} is {:?}",
+                past[0].0,
+                ty0.unwrap_or(ty)
+            )));
+        }
+        let want = [Some(1), Some(kv_heads), None, Some(head_size)];
+        let bad = dims.len() != 4
+            || dims
+                .iter()
+                .zip(want)
+                .any(|(&d, w)| matches!((fixed(d), w), (Some(d), Some(w)) if d != w));
+        if bad {
+            return Err(EngineError::Graph(format!(
+                "{path}: {name} is declared {dims:?}; this engine feeds [1, {kv_heads}, past, {head_size}]"
+            )));
+        }
+        lens.push(fixed(dims[2]));
+    }
+    let len = match lens.first().copied().flatten() {
+        Some(n) if lens.iter().all(|&l| l == Some(n)) => Some(n),
+        _ if lens.iter().all(Option::is_none) => None,
+        _ => {
+            return Err(EngineError::Graph(format!(
+                "{path}: past inputs mix fixed and symbolic lengths ({lens:?}); this engine needs one for all layers"
+            )));
+        }
+    };
+    Ok((ty0.unwrap_or(TensorElementType::Float32), len))
 }
 
 impl OrtBackbone {
@@ -355,28 +459,69 @@ impl OrtBackbone {
                 "{path}: inputs this engine does not know how to feed: {extra:?}"
             )));
         }
-        let ids_i32 = match tensor_type(session.inputs(), &d.inputs.input_ids) {
-            Some(TensorElementType::Int64) => false,
-            Some(TensorElementType::Int32) => true,
-            other => {
-                return Err(EngineError::Graph(format!(
-                    "{path}: input_ids has type {other:?}, expected int64 or int32"
-                )));
-            }
+        let ins = session.inputs();
+        let ids_i32 = int32_input(
+            &path,
+            "input_ids",
+            declared(ins, &d.inputs.input_ids).map(|t| t.0),
+        )?;
+        let mask = declared(ins, &d.inputs.attention_mask);
+        let mask_i32 = int32_input(&path, "attention_mask", mask.as_ref().map(|t| t.0))?;
+        let position_ids = has_input(&d.inputs.position_ids).then(|| d.inputs.position_ids.clone());
+        let positions_i32 = match &position_ids {
+            Some(p) => int32_input(&path, "position_ids", declared(ins, p).map(|t| t.0))?,
+            None => false,
         };
-        let kv_ty = tensor_type(session.inputs(), &past[0].0);
-        if kv_ty != Some(TensorElementType::Float32) {
+        let (kv_type, static_kv) =
+            past_layout(ins, &past, d.num_key_value_heads, d.head_size, &path)?;
+        let mask_len = mask
+            .as_ref()
+            .and_then(|(_, dims)| dims.get(1).copied())
+            .and_then(fixed);
+        if mask_len.is_some() && mask_len != static_kv {
             return Err(EngineError::Graph(format!(
-                "{path}: past key/values are {kv_ty:?}; this engine runs float32 KV caches (CPU packages)"
+                "{path}: attention_mask is fixed at {mask_len:?} positions but the past inputs at {static_kv:?}; this engine needs both the same"
             )));
         }
-        let position_ids = has_input(&d.inputs.position_ids).then(|| d.inputs.position_ids.clone());
         // Shared by default whatever the package's search.past_present_share_buffer says (that
         // flag is onnxruntime-genai's, and its CPU packages set it false): the growing mode
         // allocates and fills a longer tensor per layer every step, which measured 0.6x of the
         // shared buffer's decode speed at 2048 tokens of context (docs/performance.md).
-        let mode = opts.kv_mode.unwrap_or(KvMode::Shared);
-        let budget = pkg.genai.token_budget();
+        let mode = match (static_kv, opts.kv_mode) {
+            (Some(n), Some(KvMode::Growing)) => {
+                tracing::warn!(
+                    "{path} declares a fixed past length of {n}: using one shared KV buffer of \
+                     that size instead of --kv growing, as onnxruntime-genai does"
+                );
+                KvMode::Shared
+            }
+            (Some(_), _) => KvMode::Shared,
+            (None, m) => m.unwrap_or(KvMode::Shared),
+        };
+        // The package's search.max_length / context_length bound every sequence; a static cache
+        // bounds it too, and the smaller one wins.
+        let package_budget = pkg.genai.token_budget();
+        let budget = static_kv.map_or(package_budget, |n| n.min(package_budget));
+        if let Some(n) = static_kv {
+            tracing::info!(
+                positions = n,
+                budget,
+                "{path}: static KV cache; sequences stop at {budget} positions"
+            );
+        }
+        let logits_type = declared(session.outputs(), &d.outputs.logits).map(|t| t.0);
+        if !matches!(
+            logits_type,
+            Some(
+                TensorElementType::Float32
+                    | TensorElementType::Float16
+                    | TensorElementType::Bfloat16
+            )
+        ) {
+            return Err(EngineError::Graph(format!(
+                "{path}: logits are {logits_type:?}; this engine reads float32, float16 and bfloat16 logits"
+            )));
+        }
         let layout = match &pkg.logits.speech_head {
             Some(h) => LogitsLayout::Speech(h.clone()),
             None => LogitsLayout::Full,
@@ -402,17 +547,26 @@ impl OrtBackbone {
                 pkg.logits.describe(pkg.genai.model.vocab_size)
             )));
         }
-        let start_capacity = opts
-            .kv_capacity
-            .unwrap_or(SHARED_KV_START)
-            .clamp(1, budget.max(1));
+        // A static buffer has the graph's size exactly: ONNX Runtime refuses any other.
+        let start_capacity = static_kv.unwrap_or_else(|| {
+            opts.kv_capacity
+                .unwrap_or(SHARED_KV_START)
+                .clamp(1, budget.max(1))
+        });
         let desc = format!(
-            "ort {} ({} layers, {} KV, {}{}{}, {} on {}; {})",
+            "ort {} ({} layers, {} KV{}, {}{}{}, {} on {}; {})",
             crate::runtime::info().map_or("?", |i| i.version.as_str()),
             d.num_hidden_layers,
-            match mode {
-                KvMode::Growing => "growing".to_owned(),
-                KvMode::Shared => format!("shared buffer from {start_capacity} positions"),
+            match (mode, static_kv) {
+                (_, Some(n)) => format!("static shared buffer of {n} positions"),
+                (KvMode::Growing, None) => "growing".to_owned(),
+                (KvMode::Shared, None) => {
+                    format!("shared buffer from {start_capacity} positions")
+                }
+            },
+            match kv_type {
+                TensorElementType::Float32 => String::new(),
+                other => format!(" ({other})"),
             },
             if pkg.logits.speech_head.is_some() {
                 format!("speech head of {width}, ")
@@ -443,6 +597,11 @@ impl OrtBackbone {
                 present,
             },
             ids_i32,
+            mask_i32,
+            positions_i32,
+            mask_len,
+            static_kv,
+            kv_type,
             kv_heads: d.num_key_value_heads,
             head_size: d.head_size,
             width,
@@ -465,16 +624,11 @@ impl OrtBackbone {
         Ok(me)
     }
 
+    /// A zeroed `[1, heads, seq, head_size]` KV tensor of the graph's element type (ort zeroes
+    /// the CPU memory it allocates).
     fn kv_tensor(&self, seq: usize) -> Result<DynValue, EngineError> {
         let shape = [1usize, self.kv_heads, seq, self.head_size];
-        let t = if seq == 0 {
-            Tensor::<f32>::new(&Allocator::default(), shape)?
-        } else {
-            let mut t = Tensor::<f32>::new(&Allocator::default(), shape)?;
-            t.extract_tensor_mut().1.fill(0.0);
-            t
-        };
-        Ok(t.into_dyn())
+        Ok(DynTensor::new(&Allocator::default(), self.kv_type, shape)?.into_dyn())
     }
 
     fn run_chunk(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
@@ -482,27 +636,16 @@ impl OrtBackbone {
         let total = self.len + n;
         let mut inputs: Vec<(String, SessionInputValue<'_>)> =
             Vec::with_capacity(3 + 2 * self.past.len());
-        let ids: DynValue = if self.ids_i32 {
-            Tensor::from_array((
-                [1usize, n],
-                tokens.iter().map(|&t| t as i32).collect::<Vec<_>>(),
-            ))?
-            .into_dyn()
-        } else {
-            Tensor::from_array((
-                [1usize, n],
-                tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>(),
-            ))?
-            .into_dyn()
-        };
+        let ids = int_row(self.ids_i32, tokens.iter().map(|&t| i64::from(t)))?;
         inputs.push((self.names.input_ids.clone(), ids.into()));
-        inputs.push((
-            self.names.attention_mask.clone(),
-            Tensor::from_array(([1usize, total], vec![1i64; total]))?.into(),
-        ));
+        // Ones over the sequence; a mask of fixed length is zero past it, as onnxruntime-genai's
+        // static mask is.
+        let mask_len = self.mask_len.unwrap_or(total);
+        let mask = int_row(self.mask_i32, (0..mask_len).map(|i| i64::from(i < total)))?;
+        inputs.push((self.names.attention_mask.clone(), mask.into()));
         if let Some(p) = &self.names.position_ids {
-            let pos: Vec<i64> = (self.len as i64..total as i64).collect();
-            inputs.push((p.clone(), Tensor::from_array(([1usize, n], pos))?.into()));
+            let pos = int_row(self.positions_i32, self.len as i64..total as i64)?;
+            inputs.push((p.clone(), pos.into()));
         }
         match self.mode {
             KvMode::Growing => {
@@ -567,20 +710,21 @@ impl OrtBackbone {
         if self.mode != KvMode::Shared || needed <= self.capacity {
             return Ok(());
         }
+        // A static buffer's size is the graph's, and the budget never exceeds it.
+        debug_assert!(self.static_kv.is_none());
         let cap = needed.max(self.capacity * 2).min(self.budget);
         let (heads, old_cap, len) = (self.kv_heads, self.capacity, self.len);
         let row = self.head_size;
         let grown = |old: &DynValue| -> Result<DynValue, EngineError> {
-            let (_, src) = old.try_extract_tensor::<f32>()?;
-            let mut t = Tensor::<f32>::new(&Allocator::default(), [1usize, heads, cap, row])?;
-            let dst = t.extract_tensor_mut().1;
-            dst.fill(0.0);
+            let mut t = self.kv_tensor(cap)?;
             // [1, heads, positions, head_size]: each head's first `len` rows move over.
-            for h in 0..heads {
-                let (from, to) = (h * old_cap * row, h * cap * row);
-                dst[to..to + len * row].copy_from_slice(&src[from..from + len * row]);
+            let spans = (0..heads).map(|h| (h * old_cap * row, h * cap * row, len * row));
+            match self.kv_type {
+                TensorElementType::Float16 => copy_spans::<half::f16>(old, &mut t, spans)?,
+                TensorElementType::Bfloat16 => copy_spans::<half::bf16>(old, &mut t, spans)?,
+                _ => copy_spans::<f32>(old, &mut t, spans)?,
             }
-            Ok(t.into_dyn())
+            Ok(t)
         };
         let mut past = Vec::with_capacity(self.past.len());
         for (k, v) in &self.past {
@@ -597,19 +741,53 @@ impl OrtBackbone {
         &self.providers
     }
 
-    /// Copies the last row of `[1, S, width]` logits (`S` is 1 with last-position logits).
+    /// Copies the last row of `[1, S, width]` logits (`S` is 1 with last-position logits) as f32.
     fn last_row(logits: &DynValue, expect: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
-        let (shape, data) = logits.try_extract_tensor::<f32>()?;
-        let width = shape.last().copied().unwrap_or(0) as usize;
-        if width != expect || data.len() < width {
-            return Err(EngineError::Graph(format!(
-                "logits shape {shape:?} does not end in the head's width {expect}"
-            )));
+        match logits.dtype() {
+            ValueType::Tensor {
+                ty: TensorElementType::Float16,
+                ..
+            } => tail_as_f32::<half::f16>(logits, expect, out, half::f16::to_f32),
+            ValueType::Tensor {
+                ty: TensorElementType::Bfloat16,
+                ..
+            } => tail_as_f32::<half::bf16>(logits, expect, out, half::bf16::to_f32),
+            _ => tail_as_f32::<f32>(logits, expect, out, |x| x),
         }
-        out.clear();
-        out.extend_from_slice(&data[data.len() - width..]);
-        Ok(())
     }
+}
+
+/// The last `expect` values of a tensor whose shape ends in `expect`, converted to f32.
+fn tail_as_f32<T: PrimitiveTensorElementType + Copy>(
+    logits: &DynValue,
+    expect: usize,
+    out: &mut Vec<f32>,
+    to_f32: impl Fn(T) -> f32,
+) -> Result<(), EngineError> {
+    let (shape, data) = logits.try_extract_tensor::<T>()?;
+    let width = shape.last().copied().unwrap_or(0) as usize;
+    if width != expect || data.len() < width {
+        return Err(EngineError::Graph(format!(
+            "logits shape {shape:?} does not end in the head's width {expect}"
+        )));
+    }
+    out.clear();
+    out.extend(data[data.len() - width..].iter().map(|&x| to_f32(x)));
+    Ok(())
+}
+
+/// Copies `(from, to, len)` element spans of `src` into `dst`, both of element type `T`.
+fn copy_spans<T: PrimitiveTensorElementType + Copy>(
+    src: &DynValue,
+    dst: &mut DynValue,
+    spans: impl Iterator<Item = (usize, usize, usize)>,
+) -> Result<(), EngineError> {
+    let (_, src) = src.try_extract_tensor::<T>()?;
+    let (_, dst) = dst.try_extract_tensor_mut::<T>()?;
+    for (from, to, len) in spans {
+        dst[to..to + len].copy_from_slice(&src[from..from + len]);
+    }
+    Ok(())
 }
 
 impl Backbone for OrtBackbone {
@@ -644,10 +822,11 @@ impl Backbone for OrtBackbone {
             ));
         }
         if self.len + tokens.len() > self.budget {
-            return Err(EngineError::PromptTooLong {
-                prompt: self.len + tokens.len(),
-                budget: self.budget,
-            });
+            return Err(super::too_long(
+                self.len + tokens.len(),
+                self.budget,
+                self.static_kv,
+            ));
         }
         let chunk = self.prefill_chunk.unwrap_or(tokens.len()).max(1);
         let result = self
@@ -672,6 +851,10 @@ impl Backbone for OrtBackbone {
 
     fn budget(&self) -> usize {
         self.budget
+    }
+
+    fn static_kv(&self) -> Option<usize> {
+        self.static_kv
     }
 
     fn describe(&self) -> String {

@@ -101,9 +101,9 @@ impl From<SynthError> for ApiError {
             SynthError::Text(crate::text::TextError::UnsupportedLanguage(_)) => {
                 ApiError::bad("language", msg)
             }
-            SynthError::Engine(EngineError::PromptTooLong { .. }) => {
-                ApiError::bad("input", msg).code("context_length_exceeded")
-            }
+            SynthError::Engine(
+                EngineError::PromptTooLong { .. } | EngineError::StaticKvFull { .. },
+            ) => ApiError::bad("input", msg).code("context_length_exceeded"),
             SynthError::Engine(EngineError::Params(_)) => {
                 ApiError::new(StatusCode::BAD_REQUEST, msg)
             }

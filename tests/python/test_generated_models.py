@@ -7,7 +7,9 @@ Generates the three tiny variants (chain, random, textbias) and the test voice i
 WORKDIR, then checks them with onnxruntime and onnxruntime-genai: I/O contract, greedy
 chain rule, END / runner-up, text bias, KV-cache sensitivity, parity between an
 ORT greedy loop and onnxruntime-genai (also with past_present_share_buffer=true),
-codec shapes, tokenizer, and that a second run is byte-identical. The real-shape NeuCodec
+codec shapes, tokenizer, and that a second run is byte-identical. Static packages (--kv-len,
+float32 and float16 KV) declare the fixed length as numbers and decode the chain on one
+fixed-size buffer, with onnxruntime and onnxruntime-genai. The real-shape NeuCodec
 decoder (--codec real) is built narrow and shallow (its builder takes dims) and checked for
 output length, FSQ digits, the irfft + overlap-add against numpy, bounds and determinism.
 Prints "N passed, M failed" and exits non-zero on any failure. No pytest needed.
@@ -41,8 +43,8 @@ check = CHECKS.check
 run_case = CHECKS.run_case
 
 
-def generate(out, variant, voice=None):
-    cmd = [sys.executable, GEN, "--out", out, "--variant", variant]
+def generate(out, variant, voice=None, extra=()):
+    cmd = [sys.executable, GEN, "--out", out, "--variant", variant] + list(extra)
     if voice:
         cmd += ["--voice-out", voice]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -401,6 +403,73 @@ def main():
                           got == want, "first difference at %s" % diff)
                 del model
     run_case("oga", oga)
+
+    # ---- static KV packages (AMD's NPU shape): fixed past length, float32 and float16
+    STATIC_LEN = 512
+
+    def static_kv():
+        import onnxruntime_genai as og
+        variants = {
+            "float32": [],
+            "float16": ["--kv-dtype", "float16", "--last-logits", "--mask-dtype", "int32"],
+        }
+        # A prompt of 81 tokens whose chain ends after 19 codes, and one that reaches the end of
+        # the buffer first (its chain is 65,000 codes long).
+        short = [exp["speech_generation_start_id"]] + [first + c for c in range(100, 181)]
+        long = [exp["speech_generation_start_id"]] + [first + (c * 7) % 65536 for c in range(480)]
+        for dtype, extra in variants.items():
+            pkg = os.path.join(work, "static-" + dtype)
+            generate(pkg, "chain", extra=["--kv-len", str(STATIC_LEN)] + extra)
+            s = ort.InferenceSession(os.path.join(pkg, "model.onnx"), providers=["CPUExecutionProvider"])
+            ins = {i.name: (i.type, i.shape) for i in s.get_inputs()}
+            outs = {o.name: (o.type, o.shape) for o in s.get_outputs()}
+            kv_type = "tensor(float16)" if dtype == "float16" else "tensor(float)"
+            mask_type = "tensor(int32)" if dtype == "float16" else "tensor(int64)"
+            ok = all(ins["past_key_values.%d.%s" % (l, k)] == (kv_type, [1, 2, STATIC_LEN, "kv_cache_dim"])
+                     and outs["present.%d.%s" % (l, k)] == (kv_type, [1, 2, STATIC_LEN, "kv_cache_dim"])
+                     for l in range(2) for k in ("key", "value"))
+            ok = ok and ins["attention_mask"] == (mask_type, [1, "total_sequence_length"])
+            logits = outs["logits"]
+            ok = ok and logits == (kv_type, [1, 1 if dtype == "float16" else "sequence_length", V])
+            cfg = load_json(os.path.join(pkg, "genai_config.json"))
+            ok = ok and cfg["search"]["past_present_share_buffer"] is True
+            check("static %s: past/present declared [1, 2, %d, D], mask %s, logits %s" % (
+                dtype, STATIC_LEN, mask_type, logits), ok, str(ins))
+
+            names = [o.name for o in s.get_outputs()]
+            np_kv = np.float16 if dtype == "float16" else np.float32
+            np_mask = np.int32 if dtype == "float16" else np.int64
+
+            def greedy(prompt):
+                """onnxruntime-genai's static feeding: one [1, 2, N, D] buffer per past input,
+                attention_mask [1, total] of ones; stops at END or when the buffer is full."""
+                past = [np.zeros((1, 2, STATIC_LEN, 16), np_kv) for _ in range(4)]
+                ids, total, out = prompt, len(prompt), []
+                while True:
+                    f = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, total), np_mask)}
+                    for l in range(2):
+                        f["past_key_values.%d.key" % l], f["past_key_values.%d.value" % l] = past[2 * l], past[2 * l + 1]
+                    o = dict(zip(names, s.run(None, f)))
+                    past = [o["present.%d.%s" % (l, k)] for l in range(2) for k in ("key", "value")]
+                    t = int(np.argmax(o["logits"][0, -1]))
+                    out.append(t)
+                    if t == end or total == STATIC_LEN:
+                        return out, past[0].shape
+                    ids, total = [t], total + 1
+
+            got, shape = greedy(short)
+            check("static %s: short prompt follows the chain to END on a fixed buffer" % dtype,
+                  got == chain_expect(exp, 180, 100) and shape == (1, 2, STATIC_LEN, 16), str(got[:5]))
+            got, _ = greedy(long)
+            want = chain_expect(exp, (479 * 7) % 65536, STATIC_LEN - len(long) + 1)
+            check("static %s: long prompt decodes until the buffer is full (%d tokens)" % (dtype, len(want)),
+                  got == want, str([t - first for t in got[:5]]))
+            model = og.Model(pkg)
+            got_oga = oga_greedy(og, model, short, 100, end)
+            check("static %s: onnxruntime-genai (fixed kv-cache detected) == ORT" % dtype,
+                  got_oga == chain_expect(exp, 180, 100), str(got_oga[:5]))
+            del model
+    run_case("static kv", static_kv)
 
     # ---- codec
     def codec():

@@ -201,6 +201,10 @@ pub enum WireError {
         prompt: usize,
         budget: usize,
     },
+    StaticKvFull {
+        prompt: usize,
+        capacity: usize,
+    },
     EmptyPrompt,
     Runtime(String),
     Graph(String),
@@ -218,6 +222,10 @@ impl From<&EngineError> for WireError {
                 prompt: *prompt,
                 budget: *budget,
             },
+            EngineError::StaticKvFull { prompt, capacity } => WireError::StaticKvFull {
+                prompt: *prompt,
+                capacity: *capacity,
+            },
             EngineError::EmptyPrompt => WireError::EmptyPrompt,
             EngineError::Runtime(m) => WireError::Runtime(m.clone()),
             EngineError::Graph(m) => WireError::Graph(m.clone()),
@@ -234,6 +242,9 @@ impl From<WireError> for EngineError {
         match e {
             WireError::PromptTooLong { prompt, budget } => {
                 EngineError::PromptTooLong { prompt, budget }
+            }
+            WireError::StaticKvFull { prompt, capacity } => {
+                EngineError::StaticKvFull { prompt, capacity }
             }
             WireError::EmptyPrompt => EngineError::EmptyPrompt,
             WireError::Runtime(m) => EngineError::Runtime(m),
@@ -380,6 +391,12 @@ mod tests {
                 budget: 4096
             }
         ));
+        let e = EngineError::StaticKvFull {
+            prompt: 600,
+            capacity: 512,
+        };
+        let back = EngineError::from(WireError::from(&e));
+        assert_eq!(back.to_string(), e.to_string());
         let back = EngineError::from(WireError::from(&EngineError::Device("No RyzenAI".into())));
         assert_eq!(back.to_string(), "device: No RyzenAI");
     }
