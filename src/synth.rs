@@ -512,6 +512,8 @@ pub struct Synthesizer {
     device: Device,
     /// The engine's worker child, readable without the engine lock (for /health).
     worker: Option<WorkerHandle>,
+    /// Tokens per piece: the package's budget, or the engine's when smaller (a static KV cache).
+    budget: usize,
 }
 
 impl Synthesizer {
@@ -535,7 +537,11 @@ impl Synthesizer {
         let candidates = Candidates::of(pkg);
         let device = engine.device();
         let worker = engine.worker();
+        let budget = engine
+            .budget()
+            .map_or(pkg.genai.token_budget(), |b| b.min(pkg.genai.token_budget()));
         Self {
+            budget,
             front,
             engine: Mutex::new(engine),
             codec: Mutex::new(codec),
@@ -619,7 +625,7 @@ impl Synthesizer {
     ) -> Result<SynthesisReport, SynthError> {
         let t0 = Instant::now();
         let mut timings = StageTimings::default();
-        let budget = self.package().genai.token_budget();
+        let budget = self.budget;
         let (pieces, voice) = self
             .front
             .plan(req, budget, req.generation.min_new_tokens)?;

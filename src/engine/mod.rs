@@ -153,6 +153,11 @@ pub trait Engine: Send {
     fn worker(&self) -> Option<WorkerHandle> {
         None
     }
+    /// Most tokens (prompt + generated) one sequence may hold, when the engine knows better than
+    /// the package's config (a static KV cache smaller than `search.max_length`).
+    fn budget(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A backbone in this process, driven by [`generate`].
@@ -176,6 +181,10 @@ impl Engine for LocalEngine {
 
     fn device(&self) -> Device {
         self.0.device()
+    }
+
+    fn budget(&self) -> Option<usize> {
+        Some(self.0.budget())
     }
 }
 

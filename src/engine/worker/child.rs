@@ -189,6 +189,7 @@ fn load_backbone(load: &Load) -> Result<(OrtBackbone, Loaded), EngineError> {
         placement: b.placement().cloned(),
         provider_setup: b.provider_setup().cloned(),
         residency,
+        budget: Some(b.budget()),
     };
     tracing::info!(
         "backbone loaded on {}: {} (providers: {})",

@@ -150,6 +150,9 @@ pub struct Loaded {
     /// On the NPU: the residency verdict from the worker's own evidence.
     #[serde(default)]
     pub residency: Option<Residency>,
+    /// Most tokens one sequence may hold (a static KV cache may hold fewer than the config says).
+    #[serde(default)]
+    pub budget: Option<usize>,
 }
 
 /// How a generation ended; the codes themselves went out as `code` messages.

@@ -703,6 +703,10 @@ impl Engine for WorkerEngine {
     fn worker(&self) -> Option<WorkerHandle> {
         Some(self.handle.clone())
     }
+
+    fn budget(&self) -> Option<usize> {
+        self.handle.loaded().and_then(|l| l.budget)
+    }
 }
 
 /// Forwards the worker's stderr lines into this process's log at their own level.
