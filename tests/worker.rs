@@ -732,6 +732,105 @@ fn no_second_worker_starts_beside_a_hung_npu_holder_until_it_exits() {
     let _ = fs::remove_dir_all(&t);
 }
 
+/// GET /health of a server over `synth`.
+async fn health_of(synth: Synthesizer) -> (u16, serde_json::Value) {
+    let synth = std::sync::Arc::new(synth);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let cfg = onebit_tts::server::ServerConfig {
+        addr,
+        ..onebit_tts::server::ServerConfig::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(onebit_tts::server::serve_on(
+        listener,
+        synth,
+        cfg,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let r = reqwest::get(format!("http://{addr}/health"))
+        .await
+        .expect("health");
+    let status = r.status().as_u16();
+    let body = r.json().await.expect("json");
+    let _ = stop.send(());
+    task.await.expect("task").expect("serve");
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_shows_the_worker_state_and_is_503_while_waiting_for_a_holder_to_exit() {
+    let t = common::tempdir("worker-health");
+    let (w, pid) = tokio::task::spawn_blocking({
+        let t = t.clone();
+        move || {
+            let mut cfg = cpu_config();
+            cfg.timeouts.step = Duration::from_secs(1);
+            cfg.stop.grace = Duration::from_secs(1);
+            let mut w = WorkerEngine::new(cfg);
+            w.start().expect("start");
+            let pid = pid_of(&w.handle());
+            w.config_mut().stop.never_kill = NeverKill::AccelHolders(fake_npu_holder(&t, pid));
+            (w, pid)
+        }
+    })
+    .await
+    .expect("start");
+    let h = w.handle();
+    let w = tokio::task::spawn_blocking(move || {
+        let mut w = w;
+        hang_mid_request(&mut w);
+        w
+    })
+    .await
+    .expect("hang");
+    let synth = tokio::task::spawn_blocking(move || synth_with(w))
+        .await
+        .expect("synth");
+    let (status, health) = health_of(synth).await;
+    assert_eq!(status, 503, "{health}");
+    assert_eq!(health["status"], "unavailable");
+    assert_eq!(health["ready"], false);
+    assert_eq!(health["worker"]["state"], "waiting_for_exit", "{health}");
+    assert_eq!(health["worker"]["pid"], pid);
+    assert!(
+        health["worker"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(&format!(
+                "waiting for worker pid {pid} to exit before respawning"
+            ))),
+        "{health}"
+    );
+    // Cleanup: the holder takes its pending SIGTERM and exits. The engine went with the server
+    // (a dropped engine lets a left-running holder be), so the test reaps it.
+    kill(pid, libc::SIGCONT);
+    let mut wstatus = 0;
+    // SAFETY: waitpid on a child of this process that nothing else reaps any more.
+    let reaped = unsafe { libc::waitpid(pid as i32, &mut wstatus, 0) };
+    assert_eq!(reaped, pid as i32);
+    assert!(libc::WIFEXITED(wstatus) && libc::WEXITSTATUS(wstatus) == 0);
+    assert!(h.pid().is_none());
+    let _ = fs::remove_dir_all(&t);
+
+    // A worker that serves: 200, "ready" with its pid.
+    let synth = tokio::task::spawn_blocking(|| Synthesizer::load(&synth_config(true)))
+        .await
+        .expect("load")
+        .expect("worker");
+    let pid = synth.worker().and_then(WorkerHandle::pid).expect("pid");
+    let (status, health) = health_of(synth).await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(
+        health["worker"],
+        serde_json::json!({"state": "ready", "pid": pid,
+            "detail": format!("worker pid {pid} ready")})
+    );
+}
+
 #[test]
 fn a_respawn_is_gated_on_residency_again_and_an_unproven_one_stops_serving() {
     use onebit_tts::engine::ResidencyGate;
