@@ -104,6 +104,16 @@ struct ModelArgs {
     /// (CPU/CUDA workers only: a worker holding the NPU is never SIGKILLed).
     #[arg(long)]
     allow_kill: bool,
+    /// Seconds a worker child may take from its start to reporting the model loaded before it
+    /// counts as hung and is stopped (a first NPU load compiles the model: minutes).
+    #[arg(long, env = "ONEBIT_LOAD_TIMEOUT_S", value_name = "SECONDS", default_value_t = 900,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    load_timeout: u64,
+    /// Seconds a worker child may go without the next code (or the end) of a request before it
+    /// counts as hung: the request fails and the next one starts a new worker.
+    #[arg(long, env = "ONEBIT_STEP_TIMEOUT_S", value_name = "SECONDS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    step_timeout: u64,
 }
 
 fn parse_thread_policy(s: &str) -> Result<ThreadPolicy, String> {
@@ -565,6 +575,10 @@ fn synth_config(m: &ModelArgs) -> SynthConfig {
         ep_library: m.ep_library.clone(),
         allow_kill: m.allow_kill,
         worker_exe: None,
+        worker_timeouts: onebit_tts::engine::WorkerTimeouts {
+            load: Duration::from_secs(m.load_timeout),
+            step: Duration::from_secs(m.step_timeout),
+        },
     }
 }
 
@@ -817,6 +831,7 @@ fn npu_probe(model: &ModelArgs, json: bool) -> Result<()> {
         None,
     )?;
     wcfg.ep_library = cfg.ep_library.clone();
+    wcfg.timeouts = cfg.worker_timeouts;
     let report = probe::probe(wcfg);
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);

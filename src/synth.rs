@@ -13,7 +13,8 @@ use crate::codec::{CodecDecoder, CodecError};
 use crate::engine::device::{self, Device, DeviceChoice};
 use crate::engine::{
     self, CancelToken, Candidates, Engine, EngineError, GenerationParams, LocalEngine, OgaOptions,
-    OrtOptions, StopReason, WorkerConfig, WorkerEngine, WorkerHandle,
+    OrtOptions, ResidencyGate, StopReason, WorkerConfig, WorkerEngine, WorkerHandle,
+    WorkerTimeouts,
 };
 use crate::metrics::StageTimings;
 use crate::npu::Residency;
@@ -87,6 +88,9 @@ pub struct SynthConfig {
     pub allow_kill: bool,
     /// The program started as `<exe> worker`; `None`: this executable.
     pub worker_exe: Option<PathBuf>,
+    /// How long a worker may take to load, and to make each step of a request, before it counts
+    /// as hung (`--load-timeout`, `--step-timeout`).
+    pub worker_timeouts: WorkerTimeouts,
 }
 
 /// The backbone's generation loop: our own over ONNX Runtime (default), or onnxruntime-genai's.
@@ -110,7 +114,8 @@ impl std::str::FromStr for EngineKind {
 
 /// Loads the engine a config asks for over a loaded package: resolves `--device`, then runs the
 /// backbone in this process (cpu, cuda) or in a worker child (npu, or any device with
-/// `isolate`). With `require_npu`, anything but a proven NPU residency is an error.
+/// `isolate`). On the NPU the worker's residency gate applies to this load and every respawn:
+/// only a proven residency serves, unless `allow_cpu_fallback` (never with `require_npu`).
 pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engine>, crate::Error> {
     let declared = pkg.genai.model.decoder.session_options.declares_ryzenai();
     let root = std::env::var_os(crate::npu::env::RYZENAI_ROOT_VAR)
@@ -150,17 +155,15 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
             declared,
             cfg.worker_exe.clone(),
         )?;
-        wcfg.allow_kill = cfg.allow_kill;
+        wcfg.stop.allow_kill = cfg.allow_kill;
+        wcfg.timeouts = cfg.worker_timeouts;
+        wcfg.gate = (decision.device == Device::Npu).then_some(ResidencyGate {
+            require_npu: cfg.require_npu,
+            allow_cpu_fallback: cfg.allow_cpu_fallback,
+        });
         wcfg.ep_library = cfg.ep_library.clone();
         let mut worker = WorkerEngine::new(wcfg);
         worker.start()?;
-        if decision.device == Device::Npu {
-            residency_gate(
-                worker.handle().residency(),
-                cfg.require_npu,
-                cfg.allow_cpu_fallback,
-            )?;
-        }
         return Ok(Box::new(worker));
     }
     match cfg.engine {
@@ -178,31 +181,6 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
             Ok(Box::new(LocalEngine(Box::new(backbone))))
         }
     }
-}
-
-/// Whether an NPU load may serve: only with proven residency, unless the caller allows the CPU
-/// fallback (and `--require-npu` forbids that in any case).
-pub fn residency_gate(
-    residency: Option<Residency>,
-    require_npu: bool,
-    allow_cpu_fallback: bool,
-) -> Result<(), EngineError> {
-    let r = match residency {
-        Some(r) if r.is_proven() => return Ok(()),
-        Some(r) => r.to_string(),
-        None => "npu residency: unproven: the worker reported no evidence".to_owned(),
-    };
-    if require_npu {
-        return Err(EngineError::Device(format!("--require-npu: {r}")));
-    }
-    if !allow_cpu_fallback {
-        return Err(EngineError::Device(format!(
-            "--device npu: {r}; refusing to serve a CPU fallback as the NPU (pass \
-             --allow-cpu-fallback to serve it anyway, labelled \"cpu fallback\")"
-        )));
-    }
-    tracing::warn!("--allow-cpu-fallback: serving although {r}");
-    Ok(())
 }
 
 /// One request.

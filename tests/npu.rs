@@ -15,13 +15,15 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use onebit_tts::engine::worker::supervisor::{
+    Child, Ending, NeverKill, StopGrace, StopOutcome, StopPolicy,
+};
 use onebit_tts::npu::doctor::{self, CommandOutput, DoctorInputs, Host, Identity, Limit, Memlock};
 use onebit_tts::npu::env::{EnvInputs, EnvPlan, Unchanged, XrtSource, worker_env};
-use onebit_tts::npu::lifecycle::{Child, Ending, StopGrace, StopOutcome, holds_accel};
 use onebit_tts::npu::residency::{
     Evidence, Placement, ResidencyState, read_mem_usage, sample_accel, sample_mem_usage, weigh_npu,
 };
-use onebit_tts::npu::{NpuError, PROVIDER_FILE, PROVIDER_NAME, Status, SystemRoots};
+use onebit_tts::npu::{NpuError, PROVIDER_FILE, PROVIDER_NAME, Status, SystemRoots, holds_accel};
 
 struct TempDir(PathBuf);
 
@@ -495,6 +497,21 @@ fn wait_for_state(pid: u32, state: char) {
     }
 }
 
+/// SIGTERM, `grace`, then SIGKILL if `allow_kill` and the child is not an NPU holder (`holds`
+/// stands for a fd table that shows the accel node open).
+fn policy(grace: Duration, holds: bool, allow_kill: bool) -> StopPolicy {
+    StopPolicy {
+        grace,
+        allow_kill,
+        never_kill: if holds {
+            NeverKill::Anyone
+        } else {
+            NeverKill::Nobody
+        },
+        ..StopPolicy::default()
+    }
+}
+
 fn stopped_sleeper() -> Child {
     let child = Child::spawn(Command::new("sleep").arg("1000"), "sleeper").expect("spawn sleep");
     assert!(child.signal(libc::SIGSTOP).expect("SIGSTOP"));
@@ -519,7 +536,7 @@ fn a_child_that_exits_on_its_own_is_reaped_at_once_and_stop_is_a_no_op() {
     assert!(!child.alive());
     let t0 = Instant::now();
     let outcome = child
-        .stop(Duration::from_secs(30), true, true)
+        .stop(&policy(Duration::from_secs(30), true, true))
         .expect("stop");
     assert!(
         t0.elapsed() < Duration::from_secs(1),
@@ -541,7 +558,7 @@ fn stop_finds_an_unreaped_exit_without_waiting() {
     wait_for_state(child.pid(), 'Z');
     let t0 = Instant::now();
     let outcome = child
-        .stop(Duration::from_secs(30), false, true)
+        .stop(&policy(Duration::from_secs(30), false, true))
         .expect("stop");
     assert!(t0.elapsed() < Duration::from_secs(1));
     assert_eq!(outcome.to_string(), "already ended (exit 3)");
@@ -561,7 +578,7 @@ fn a_child_that_handles_sigterm_ends_with_exit_0() {
     BufReader::new(stdout).read_line(&mut line).expect("read");
     assert_eq!(line, "ready\n", "the trap is installed before `ready`");
     let outcome = child
-        .stop(Duration::from_secs(30), true, false)
+        .stop(&policy(Duration::from_secs(30), true, false))
         .expect("stop");
     let StopOutcome::Ended { ending, after } = outcome else {
         panic!("unexpected {outcome:?}")
@@ -576,7 +593,7 @@ fn a_hung_npu_holder_gets_the_grace_and_is_never_sigkilled() {
     let pid = child.pid();
     let t0 = Instant::now();
     let outcome = child
-        .stop(Duration::from_secs(1), true, true)
+        .stop(&policy(Duration::from_secs(1), true, true))
         .expect("stop");
     let waited = t0.elapsed();
     assert_eq!(
@@ -606,7 +623,7 @@ fn a_hung_child_that_is_not_an_npu_holder_is_sigkilled_when_allowed() {
     let child = stopped_sleeper();
     let t0 = Instant::now();
     let outcome = child
-        .stop(Duration::from_secs(1), false, true)
+        .stop(&policy(Duration::from_secs(1), false, true))
         .expect("stop");
     assert!(t0.elapsed() >= Duration::from_secs(1));
     assert_eq!(
@@ -624,7 +641,9 @@ fn a_hung_child_that_is_not_an_npu_holder_is_sigkilled_when_allowed() {
 fn a_hung_child_is_left_running_when_kill_is_not_allowed() {
     let child = stopped_sleeper();
     let pid = child.pid();
-    let outcome = child.stop(Duration::ZERO, false, false).expect("stop");
+    let outcome = child
+        .stop(&policy(Duration::ZERO, false, false))
+        .expect("stop");
     assert_eq!(
         outcome,
         StopOutcome::LeftRunning {
@@ -652,7 +671,7 @@ fn sigterm_goes_to_the_child_only_not_its_group() {
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).expect("read");
     let outcome = child
-        .stop(Duration::from_secs(10), false, false)
+        .stop(&policy(Duration::from_secs(10), false, false))
         .expect("stop");
     assert_eq!(outcome.ending(), Some(Ending::Signal(libc::SIGTERM)));
 }

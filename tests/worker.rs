@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 
 use onebit_tts::audio::OutputSpec;
 use onebit_tts::codec::CodecDecoder;
+use onebit_tts::engine::worker::supervisor::{Ending, NeverKill, StopOutcome, StopPolicy};
 use onebit_tts::engine::{
     CancelToken, Candidates, Device, Engine, EngineError, GenerationParams, OrtOptions,
-    SamplingParams, StopReason, WorkerConfig, WorkerEngine, WorkerHandle,
+    SamplingParams, StopReason, WorkerConfig, WorkerEngine, WorkerHandle, WorkerState,
+    WorkerTimeouts,
 };
 use onebit_tts::npu::env::{EnvInputs, EnvPlan, worker_env};
-use onebit_tts::npu::lifecycle::{Ending, StopOutcome};
 use onebit_tts::npu::{PROVIDER_FILE, SystemRoots};
 use onebit_tts::package::ModelPackage;
 use onebit_tts::server::ApiError;
@@ -48,8 +49,12 @@ fn cpu_config() -> WorkerConfig {
             ld_library_path: std::env::var_os("LD_LIBRARY_PATH"),
             worker_exe: common::bin(),
         },
-        grace: Duration::from_secs(30),
-        allow_kill: false,
+        stop: StopPolicy {
+            grace: Duration::from_secs(30),
+            ..StopPolicy::default()
+        },
+        timeouts: WorkerTimeouts::default(),
+        gate: None,
         roots: SystemRoots::default(),
         retry_delay: None,
         ep_library: None,
@@ -319,8 +324,8 @@ fn fake_npu_holder(t: &Path, pid: u32) -> SystemRoots {
 fn a_stopped_npu_holder_gets_the_grace_and_is_never_sigkilled() {
     let t = common::tempdir("worker-holder");
     let mut cfg = cpu_config();
-    cfg.grace = Duration::from_secs(1);
-    cfg.allow_kill = true;
+    cfg.stop.grace = Duration::from_secs(1);
+    cfg.stop.allow_kill = true;
     let mut w = WorkerEngine::new(cfg);
     w.start().expect("start");
     let h = w.handle();
@@ -328,7 +333,7 @@ fn a_stopped_npu_holder_gets_the_grace_and_is_never_sigkilled() {
     // Marked as an NPU holder through a fake fd table; then hung.
     let roots = fake_npu_holder(&t, pid);
     assert!(onebit_tts::npu::holds_accel(pid, &roots).expect("fake fd table"));
-    w.config_mut().roots = roots;
+    w.config_mut().stop.never_kill = NeverKill::AccelHolders(roots);
     kill(pid, libc::SIGSTOP);
     wait_for_state(pid, 'T');
     let t0 = Instant::now();
@@ -359,8 +364,8 @@ fn a_stopped_npu_holder_gets_the_grace_and_is_never_sigkilled() {
 #[test]
 fn a_hung_cpu_worker_is_sigkilled_only_with_allow_kill() {
     let mut cfg = cpu_config();
-    cfg.grace = Duration::from_secs(1);
-    cfg.allow_kill = true;
+    cfg.stop.grace = Duration::from_secs(1);
+    cfg.stop.allow_kill = true;
     let mut w = WorkerEngine::new(cfg);
     w.start().expect("start");
     let h = w.handle();
@@ -383,7 +388,7 @@ fn a_hung_cpu_worker_is_sigkilled_only_with_allow_kill() {
 fn a_worker_hung_mid_request_fails_it_after_the_grace_and_the_next_request_respawns() {
     let (candidates, prompt) = engine_inputs();
     let mut cfg = cpu_config();
-    cfg.grace = Duration::from_secs(1);
+    cfg.stop.grace = Duration::from_secs(1);
     let mut w = WorkerEngine::new(cfg);
     w.start().expect("start");
     let h = w.handle();
@@ -416,8 +421,8 @@ fn a_worker_hung_mid_request_fails_it_after_the_grace_and_the_next_request_respa
         "grace to answer, grace after SIGTERM"
     );
     assert!(
-        matches!(&err, EngineError::WorkerCrashed { pid: p, ending }
-            if *p == pid && ending.contains("no answer") && ending.contains("left running")),
+        matches!(&err, EngineError::WorkerHung { pid: p, detail }
+            if *p == pid && detail.contains("no answer") && detail.contains("left running")),
         "{err}"
     );
     // Not killed: CPU workers need --allow-kill.
@@ -443,6 +448,533 @@ fn a_worker_hung_mid_request_fails_it_after_the_grace_and_the_next_request_respa
         .expect("a new worker");
     assert_eq!(g.codes.len(), 5);
     assert_eq!(h.spawns(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timeouts, hangs, never two NPU workers, signals during load
+
+/// Writes an executable script. `install` writes the file in its own process, so no write fd on
+/// it can linger in a child another test thread is forking at that moment (exec would then fail
+/// with ETXTBSY).
+fn executable(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.txt"));
+    fs::write(&src, text).expect("script");
+    let path = dir.join(name);
+    let ok = std::process::Command::new("install")
+        .args(["-m", "755"])
+        .arg(&src)
+        .arg(&path)
+        .status()
+        .expect("install");
+    assert!(ok.success());
+    path
+}
+
+/// A fake worker: says hello like the real one, logs a line, then never loads (and does not
+/// handle SIGTERM: it ends by the signal).
+fn never_loads(dir: &Path) -> PathBuf {
+    use onebit_tts::engine::worker::protocol::{Hello, PROTOCOL_VERSION, Reply, write_frame};
+    let mut frame = Vec::new();
+    let hello = Reply::Hello(Hello {
+        protocol: PROTOCOL_VERSION,
+        pid: 0,
+        version: "fake".into(),
+        env: Default::default(),
+    });
+    write_frame(&mut frame, &hello).expect("frame");
+    let hello_file = dir.join("hello.bin");
+    fs::write(&hello_file, frame).expect("hello");
+    executable(
+        dir,
+        "never-loads",
+        &format!(
+            "#!/bin/sh\ncat '{}'\necho 'INFO fake worker: compiling the model for the NPU' >&2\n\
+             exec sleep 1000\n",
+            hello_file.display()
+        ),
+    )
+}
+
+#[test]
+fn a_worker_that_never_reports_loaded_is_stopped_after_the_load_timeout_with_its_last_words() {
+    let t = common::tempdir("worker-never-loads");
+    let mut cfg = cpu_config();
+    cfg.env.worker_exe = never_loads(&t);
+    cfg.timeouts.load = Duration::from_secs(1);
+    cfg.stop.grace = Duration::from_secs(5);
+    let mut w = WorkerEngine::new(cfg);
+    let h = w.handle();
+    let t0 = Instant::now();
+    let err = w.start().expect_err("never loads");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let EngineError::WorkerHung { pid, detail } = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        detail.contains("did not report the model loaded within 1 s (--load-timeout)"),
+        "{detail}"
+    );
+    // Stopped by the policy: SIGTERM, which the fake does not handle.
+    assert!(
+        detail.contains("ended after SIGTERM (signal 15)"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("fake worker: compiling the model for the NPU"),
+        "its last words: {detail}"
+    );
+    assert_eq!(h.ending(*pid), Some(Ending::Signal(libc::SIGTERM)));
+    assert!(matches!(h.state(), WorkerState::Stopped { pid: p, .. } if p == *pid));
+    let _ = fs::remove_dir_all(&t);
+}
+
+#[test]
+fn sigterm_during_the_model_load_ends_the_worker_at_once() {
+    let t = common::tempdir("worker-term-in-load");
+    let mut cfg = cpu_config();
+    // The real worker with the test hook that makes its load hang, as a long NPU compile does.
+    cfg.env.worker_exe = executable(
+        &t,
+        "slow-load",
+        &format!(
+            "#!/bin/sh\nONEBIT_WORKER_TEST_HANG=load exec '{}' \"$@\"\n",
+            common::bin().display()
+        ),
+    );
+    let mut w = WorkerEngine::new(cfg);
+    let h = w.handle();
+    std::thread::scope(|s| {
+        let started = s.spawn(|| w.start());
+        let state = h
+            .wait_state(Duration::from_secs(30), |s| {
+                matches!(s, WorkerState::Loading { .. })
+            })
+            .expect("loading");
+        let pid = state.pid().expect("pid");
+        assert!(h.wait_log("hanging inside the model load", Duration::from_secs(30)));
+        let t0 = Instant::now();
+        kill(pid, libc::SIGTERM);
+        let ending = h
+            .wait_ending(pid, Duration::from_secs(10))
+            .expect("ended promptly, not after the load");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert_eq!(
+            ending,
+            Ending::Exit(i32::from(
+                onebit_tts::engine::worker::child::EXIT_STOPPED_DURING_LOAD
+            ))
+        );
+        let err = started
+            .join()
+            .expect("thread")
+            .expect_err("stopped in load");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("the worker ended while loading the model") && msg.contains("exit 75"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("SIGTERM during the model load: exiting now (status 75)"),
+            "the reason is in its last words: {msg}"
+        );
+    });
+    let _ = fs::remove_dir_all(&t);
+}
+
+/// Runs a 3000-code request on `w` on another thread; the worker is SIGSTOPped at its first
+/// code and the client never cancels, so only the step timeout can end it. Returns the error
+/// and the state /health showed while the hung worker was being stopped.
+fn hang_mid_request(w: &mut WorkerEngine) -> (EngineError, WorkerState) {
+    let (candidates, prompt) = engine_inputs();
+    let h = w.handle();
+    let pid = pid_of(&h);
+    let long = GenerationParams {
+        min_new_tokens: 3000,
+        max_new_tokens: Some(3000),
+        ..GenerationParams::default()
+    };
+    std::thread::scope(|s| {
+        let run = s.spawn(|| {
+            w.generate(
+                &candidates,
+                &prompt,
+                &long,
+                &CancelToken::new(),
+                &mut |_| {
+                    if proc_state(pid) != Some('T') {
+                        kill(pid, libc::SIGSTOP);
+                        wait_for_state(pid, 'T');
+                    }
+                    ControlFlow::Continue(())
+                },
+            )
+        });
+        let seen = h
+            .wait_state(Duration::from_secs(30), |s| {
+                matches!(s, WorkerState::Hung { .. })
+            })
+            .expect("hung state");
+        let err = run.join().expect("thread").expect_err("hung");
+        (err, seen)
+    })
+}
+
+#[test]
+fn a_worker_hung_mid_request_fails_it_after_the_step_timeout() {
+    let mut cfg = cpu_config();
+    cfg.timeouts.step = Duration::from_secs(1);
+    cfg.stop.grace = Duration::from_secs(1);
+    cfg.stop.allow_kill = true;
+    let mut w = WorkerEngine::new(cfg);
+    w.start().expect("start");
+    let h = w.handle();
+    let pid = pid_of(&h);
+    let (err, seen) = hang_mid_request(&mut w);
+    assert!(
+        matches!(&seen, WorkerState::Hung { pid: p, reason } if *p == pid
+            && reason.contains("within 1 s (--step-timeout)")),
+        "{seen:?}"
+    );
+    assert!(
+        matches!(&err, EngineError::WorkerHung { pid: p, detail } if *p == pid
+            && detail.contains("no code and no end of request")
+            && detail.contains("SIGKILLed after the grace")),
+        "{err}"
+    );
+    assert_eq!(ApiError::from(SynthError::Engine(err)).status.as_u16(), 503);
+    // Not an NPU holder: killed (allowed here), and the next request starts a new worker.
+    assert_eq!(h.ending(pid), Some(Ending::Signal(libc::SIGKILL)));
+    let (candidates, prompt) = engine_inputs();
+    let g = w
+        .generate(
+            &candidates,
+            &prompt,
+            &GenerationParams {
+                max_new_tokens: Some(5),
+                ..GenerationParams::default()
+            },
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .expect("a new worker");
+    assert_eq!(g.codes.len(), 5);
+    assert_eq!(h.spawns(), 2);
+    assert!(matches!(h.state(), WorkerState::Ready { pid: p } if p != pid));
+}
+
+#[test]
+fn no_second_worker_starts_beside_a_hung_npu_holder_until_it_exits() {
+    let t = common::tempdir("worker-never-two");
+    let (candidates, prompt) = engine_inputs();
+    let short = GenerationParams {
+        max_new_tokens: Some(5),
+        ..GenerationParams::default()
+    };
+    let mut cfg = cpu_config();
+    cfg.timeouts.step = Duration::from_secs(1);
+    cfg.stop.grace = Duration::from_secs(1);
+    cfg.stop.allow_kill = true;
+    let mut w = WorkerEngine::new(cfg);
+    w.start().expect("start");
+    let h = w.handle();
+    let pid = pid_of(&h);
+    // A holder of the (fake) NPU: never SIGKILLed, whatever --allow-kill says.
+    w.config_mut().stop.never_kill = NeverKill::AccelHolders(fake_npu_holder(&t, pid));
+    let (err, _) = hang_mid_request(&mut w);
+    assert!(
+        matches!(&err, EngineError::WorkerHung { detail, .. }
+            if detail.contains("holds the NPU and is never SIGKILLed")),
+        "{err}"
+    );
+    assert_eq!(proc_state(pid), Some('T'), "left running, still stopped");
+    let waiting = format!("waiting for worker pid {pid} to exit before respawning");
+    assert!(
+        matches!(h.state(), WorkerState::WaitingForExit { pid: p, reason }
+            if p == pid && reason.contains(&waiting)),
+        "{:?}",
+        h.state()
+    );
+    assert!(h.state().is_unavailable());
+    // The next request does not start a second worker beside it.
+    let err = w
+        .generate(
+            &candidates,
+            &prompt,
+            &short,
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .expect_err("no respawn while the holder lives");
+    assert!(
+        matches!(&err, EngineError::Unavailable(r) if r.contains(&waiting)),
+        "{err}"
+    );
+    assert_eq!(ApiError::from(SynthError::Engine(err)).status.as_u16(), 503);
+    assert_eq!(h.spawns(), 1);
+    // Let it go on: the SIGTERM it was sent is delivered, and it exits cleanly.
+    kill(pid, libc::SIGCONT);
+    assert_eq!(
+        h.wait_ending(pid, Duration::from_secs(30)),
+        Some(Ending::Exit(0))
+    );
+    assert!(!h.state().is_unavailable(), "{:?}", h.state());
+    let g = w
+        .generate(
+            &candidates,
+            &prompt,
+            &short,
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .expect("respawned once the holder exited");
+    assert_eq!(g.codes.len(), 5);
+    assert_eq!(h.spawns(), 2);
+    let _ = fs::remove_dir_all(&t);
+}
+
+/// GET /health of a server over `synth`.
+async fn health_of(synth: Synthesizer) -> (u16, serde_json::Value) {
+    let synth = std::sync::Arc::new(synth);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let cfg = onebit_tts::server::ServerConfig {
+        addr,
+        ..onebit_tts::server::ServerConfig::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(onebit_tts::server::serve_on(
+        listener,
+        synth,
+        cfg,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let r = reqwest::get(format!("http://{addr}/health"))
+        .await
+        .expect("health");
+    let status = r.status().as_u16();
+    let body = r.json().await.expect("json");
+    let _ = stop.send(());
+    task.await.expect("task").expect("serve");
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_shows_the_worker_state_and_is_503_while_waiting_for_a_holder_to_exit() {
+    let t = common::tempdir("worker-health");
+    let (w, pid) = tokio::task::spawn_blocking({
+        let t = t.clone();
+        move || {
+            let mut cfg = cpu_config();
+            cfg.timeouts.step = Duration::from_secs(1);
+            cfg.stop.grace = Duration::from_secs(1);
+            let mut w = WorkerEngine::new(cfg);
+            w.start().expect("start");
+            let pid = pid_of(&w.handle());
+            w.config_mut().stop.never_kill = NeverKill::AccelHolders(fake_npu_holder(&t, pid));
+            (w, pid)
+        }
+    })
+    .await
+    .expect("start");
+    let h = w.handle();
+    let w = tokio::task::spawn_blocking(move || {
+        let mut w = w;
+        hang_mid_request(&mut w);
+        w
+    })
+    .await
+    .expect("hang");
+    let synth = tokio::task::spawn_blocking(move || synth_with(w))
+        .await
+        .expect("synth");
+    let (status, health) = health_of(synth).await;
+    assert_eq!(status, 503, "{health}");
+    assert_eq!(health["status"], "unavailable");
+    assert_eq!(health["ready"], false);
+    assert_eq!(health["worker"]["state"], "waiting_for_exit", "{health}");
+    assert_eq!(health["worker"]["pid"], pid);
+    assert!(
+        health["worker"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(&format!(
+                "waiting for worker pid {pid} to exit before respawning"
+            ))),
+        "{health}"
+    );
+    // Cleanup: the holder takes its pending SIGTERM and exits. The engine went with the server
+    // (a dropped engine lets a left-running holder be), so the test reaps it.
+    kill(pid, libc::SIGCONT);
+    let mut wstatus = 0;
+    // SAFETY: waitpid on a child of this process that nothing else reaps any more.
+    let reaped = unsafe { libc::waitpid(pid as i32, &mut wstatus, 0) };
+    assert_eq!(reaped, pid as i32);
+    assert!(libc::WIFEXITED(wstatus) && libc::WEXITSTATUS(wstatus) == 0);
+    assert!(h.pid().is_none());
+    let _ = fs::remove_dir_all(&t);
+
+    // A worker that serves: 200, "ready" with its pid.
+    let synth = tokio::task::spawn_blocking(|| Synthesizer::load(&synth_config(true)))
+        .await
+        .expect("load")
+        .expect("worker");
+    let pid = synth.worker().and_then(WorkerHandle::pid).expect("pid");
+    let (status, health) = health_of(synth).await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(
+        health["worker"],
+        serde_json::json!({"state": "ready", "pid": pid,
+            "detail": format!("worker pid {pid} ready")})
+    );
+}
+
+#[test]
+fn a_respawn_is_gated_on_residency_again_and_an_unproven_one_stops_serving() {
+    use onebit_tts::engine::ResidencyGate;
+    let (candidates, prompt) = engine_inputs();
+    let short = GenerationParams {
+        max_new_tokens: Some(5),
+        ..GenerationParams::default()
+    };
+    let mut w = WorkerEngine::new(cpu_config());
+    w.start().expect("start");
+    let h = w.handle();
+    let first = pid_of(&h);
+    // From the next start on, the load must prove NPU residency, which a CPU worker cannot.
+    w.config_mut().gate = Some(ResidencyGate {
+        require_npu: true,
+        allow_cpu_fallback: false,
+    });
+    kill(first, libc::SIGKILL);
+    assert!(h.wait_ending(first, Duration::from_secs(10)).is_some());
+    let err = w
+        .generate(
+            &candidates,
+            &prompt,
+            &short,
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .expect_err("the respawn is not proven");
+    let why = "--require-npu: npu residency: unproven: the worker reported no evidence";
+    assert!(matches!(&err, EngineError::Device(m) if m == why), "{err}");
+    assert_eq!(h.spawns(), 2);
+    let second = h.hello().expect("the respawn said hello").pid;
+    assert_ne!(second, first);
+    assert!(
+        h.wait_ending(second, Duration::from_secs(10)).is_some(),
+        "the unproven respawn was stopped"
+    );
+    assert!(
+        matches!(h.state(), WorkerState::Unavailable { reason } if reason.contains(why)),
+        "{:?}",
+        h.state()
+    );
+    // Stays unavailable: no third worker, the same reason.
+    let err = w
+        .generate(
+            &candidates,
+            &prompt,
+            &short,
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .expect_err("still unavailable");
+    assert!(
+        matches!(&err, EngineError::Unavailable(r) if r.contains(why)),
+        "{err}"
+    );
+    assert_eq!(h.spawns(), 2);
+}
+
+/// Lines of a child's stderr, as they come.
+fn lines_of(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Reads lines until one contains `needle` (bounded); returns it and everything read.
+fn read_until(rx: &std::sync::mpsc::Receiver<String>, needle: &str, seen: &mut String) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("no line with {needle:?} ({e}):\n{seen}"));
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains(needle) {
+            return line;
+        }
+    }
+}
+
+#[test]
+fn a_parent_exiting_behind_a_worker_in_a_long_grace_says_what_it_waits_for() {
+    let model = common::model(MODEL);
+    let mut cmd = std::process::Command::new(common::bin());
+    cmd.args(["serve", "--isolate", "--port", "0", "--model"])
+        .arg(&model)
+        .env("ONEBIT_BACKEND_STOP_GRACE_S", "86400")
+        .env("ONEBIT_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut parent = cmd.spawn().expect("serve");
+    let rx = lines_of(parent.stderr.take().expect("stderr"));
+    let mut log = String::new();
+    let ready = read_until(&rx, "ready on cpu", &mut log);
+    let pid: u32 = ready
+        .split("worker pid ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("pid in {ready:?}"));
+    read_until(&rx, "listening", &mut log);
+    // The worker hangs; then the server is asked to stop.
+    kill(pid, libc::SIGSTOP);
+    wait_for_state(pid, 'T');
+    kill(parent.id(), libc::SIGTERM);
+    read_until(
+        &rx,
+        &format!("waiting for worker pid {pid} to exit: 86400 s of grace left"),
+        &mut log,
+    );
+    assert!(
+        parent.try_wait().expect("wait").is_none(),
+        "the parent waits for its worker"
+    );
+    // Once the worker may run, it takes its pending SIGTERM and exits; the parent follows.
+    kill(pid, libc::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = parent.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "parent still running:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(5)) {
+        log.push_str(&line);
+        log.push('\n');
+    }
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(
+        log.contains(&format!("worker pid {pid}: ended after SIGTERM (exit 0)")),
+        "{log}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

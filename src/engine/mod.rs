@@ -24,7 +24,9 @@ pub use ort_engine::{KvMode, OrtBackbone, OrtOptions};
 pub use ryzenai::{CustomOpsRoute, ProviderSetup};
 pub use sampler::{Candidates, LogitsLayout, SampleError, Sampler, SamplingParams};
 pub use threads::{CpuTopology, ThreadPlan, ThreadPolicy};
-pub use worker::{WorkerConfig, WorkerEngine, WorkerHandle};
+pub use worker::{
+    ResidencyGate, WorkerConfig, WorkerEngine, WorkerHandle, WorkerState, WorkerTimeouts,
+};
 
 /// The vendor's minimum: the end token cannot win before 50 new codes.
 pub const DEFAULT_MIN_NEW_TOKENS: usize = 50;
@@ -67,6 +69,14 @@ pub enum EngineError {
         "the engine worker (pid {pid}) ended during the request ({ending}); the next request starts a new worker"
     )]
     WorkerCrashed { pid: u32, ending: String },
+    /// The engine worker made no progress in time (no `loaded` within the load timeout, no code
+    /// within the step timeout, no answer to a cancel) and was stopped by the stop policy.
+    #[error("the engine worker (pid {pid}) hung: {detail}")]
+    WorkerHung { pid: u32, detail: String },
+    /// The engine serves nothing until something outside it changes: an earlier worker that
+    /// holds the NPU has not exited yet, or a respawned worker's NPU residency was not proven.
+    #[error("the engine is unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl From<ort::Error<ort::session::builder::SessionBuilder>> for EngineError {

@@ -7,24 +7,24 @@
 //!   tests run over fake trees.
 //! - [`residency`]: the proof that the model really sits on the NPU (a passing run is not).
 //! - [`doctor`]: one PASS/WARN/FAIL line per known Linux NPU blocker, each failure with its fix.
-//! - [`lifecycle`]: the worker child's stop policy (one reap, SIGTERM to the child only, grace,
-//!   never SIGKILL a process that holds the NPU).
+//! - [`accel`]: whether a process holds the NPU's accel node, the fact behind the worker
+//!   supervisor's "never SIGKILL an NPU holder" (`engine::worker::supervisor`).
 //!
 //! The facts behind the rules are in `shared/reference/npu-route.md`; `docs/npu.md` is the user's
 //! side of the same story.
 
+pub mod accel;
 pub mod doctor;
 pub mod env;
-pub mod lifecycle;
 pub mod residency;
 pub mod roots;
 
 use std::io;
 use std::path::PathBuf;
 
+pub use accel::{accel_fds, holds_accel};
 pub use doctor::{Check, Report, Status};
 pub use env::{EnvInputs, EnvPlan, WorkerEnv, worker_env};
-pub use lifecycle::{Child, Ending, StopGrace, StopOutcome, holds_accel};
 pub use residency::{Evidence, Placement, Residency, ResidencyState, weigh_npu};
 pub use roots::SystemRoots;
 
@@ -53,13 +53,8 @@ pub enum NpuError {
     ColonInPath { var: &'static str, path: PathBuf },
     #[error("running {program}: {reason}")]
     Command { program: String, reason: String },
-    #[error("signal {signal} to pid {pid}: {source}")]
-    Signal {
-        pid: u32,
-        signal: i32,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Signal(#[from] crate::engine::worker::supervisor::SignalError),
 }
 
 impl NpuError {

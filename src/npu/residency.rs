@@ -24,7 +24,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::lifecycle::accel_fds;
+use super::accel::accel_fds;
 use super::roots::SystemRoots;
 use super::{NpuError, PROVIDER_NAME};
 

@@ -229,9 +229,23 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
     let stopping = st.shutting_down.load(Ordering::SeqCst);
+    let worker = st.synth.worker().map(|w| w.state());
+    // A worker that cannot be replaced yet (an NPU holder still exiting, a respawn that failed
+    // the residency gate) leaves nothing to serve with: say so, so a balancer looks elsewhere.
+    let unavailable = worker.as_ref().is_some_and(|w| w.is_unavailable());
+    let status = match (stopping, unavailable) {
+        (true, _) => "shutting_down",
+        (false, true) => "unavailable",
+        (false, false) => "ok",
+    };
     let body = axum::Json(serde_json::json!({
-        "status": if stopping { "shutting_down" } else { "ok" },
-        "ready": !stopping,
+        "status": status,
+        "ready": !stopping && !unavailable,
+        "worker": worker.as_ref().map(|w| {
+            let mut v = serde_json::to_value(w).unwrap_or_default();
+            v["detail"] = w.to_string().into();
+            v
+        }),
         "model": model_id(&st),
         "device": st.cfg.device,
         "engine": st.engine,
@@ -240,12 +254,12 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         "queue_depth": st.metrics.queued.load(Ordering::SeqCst),
         "running": st.metrics.running.load(Ordering::SeqCst),
     }));
-    let status = if stopping {
+    let code = if stopping || unavailable {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::OK
     };
-    (status, body).into_response()
+    (code, body).into_response()
 }
 
 async fn metrics_route(State(st): State<Arc<AppState>>) -> Response {

@@ -10,6 +10,16 @@
 //!   and queues a shutdown; SIGINT/SIGHUP are logged and ignored (they reach the whole terminal
 //!   process group; the parent decides and ends the worker with SIGTERM or end of stdin).
 //!
+//! A stop request (SIGTERM, end of stdin, `shutdown`) that arrives while the model loads cannot
+//! wait for main: an NPU load compiles for minutes. When nothing is held on a device yet (any
+//! CPU load; an NPU load whose process has no accel fd open), the thread that took the request
+//! ends the process at once with `_exit(EXIT_STOPPED_DURING_LOAD)`: no atexit handlers and no
+//! C++ static destructors run, so ONNX Runtime's, the provider's and XRT's globals are not torn
+//! down under the load still running on main (the seed's shutdown hang), and the kernel frees
+//! the rest. Once the NPU is open, exiting would end the loading thread like a SIGKILL would on
+//! a device holder, so the request waits for the load to finish and the model is released in
+//! order as below.
+//!
 //! Shutdown order: the main loop returns, the model session is dropped, then `main` returns and
 //! only then do ONNX Runtime's, the provider's and XRT's globals go (at process exit). The seed's
 //! hang came from the reverse: exit() in a signal handler tore down the runtime under the model.
@@ -29,8 +39,8 @@ use super::protocol::{
     Generate, Hello, Load, Loaded, Reply, Request, Summary, WireError, read_frame, write_frame,
 };
 use crate::engine::{self, Backbone, CancelToken, Device, EngineError, OrtBackbone};
-use crate::npu::SystemRoots;
 use crate::npu::residency::{Evidence, Residency, sample_accel, sample_mem_usage, weigh_npu};
+use crate::npu::{SystemRoots, holds_accel};
 use crate::package::BackbonePackage;
 
 enum Input {
@@ -41,6 +51,78 @@ enum Input {
 }
 
 type Running = Arc<Mutex<Option<(u64, CancelToken)>>>;
+
+/// Exit status of a worker stopped while its model was loading (nothing was held on a device).
+/// 75 is EX_TEMPFAIL: the load was abandoned, not failed.
+pub const EXIT_STOPPED_DURING_LOAD: u8 = 75;
+
+/// Test hook, read only by the worker: `load` makes it hang inside its model load, as a long NPU
+/// compile would, so tests can stop a worker mid-load. Any other value is ignored.
+pub const TEST_HANG_VAR: &str = "ONEBIT_WORKER_TEST_HANG";
+
+/// What a stop request finds the worker doing.
+#[derive(Default)]
+enum Phase {
+    #[default]
+    Idle,
+    /// Inside the model load; on the NPU, the roots under which to look for an open accel node.
+    Loading { npu: Option<SystemRoots> },
+}
+
+type SharedPhase = Arc<Mutex<Phase>>;
+
+fn lock_phase(phase: &SharedPhase) -> std::sync::MutexGuard<'_, Phase> {
+    phase.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `load` with the phase set to loading, so a stop request meanwhile can end the process.
+fn in_load_phase<R>(phase: &SharedPhase, load: &Load, f: impl FnOnce() -> R) -> R {
+    *lock_phase(phase) = Phase::Loading {
+        npu: (load.ort.device == Device::Npu).then(|| load.roots.clone()),
+    };
+    if std::env::var_os(TEST_HANG_VAR).is_some_and(|v| v == "load") {
+        tracing::warn!("{TEST_HANG_VAR}=load: hanging inside the model load (test hook)");
+        loop {
+            std::thread::park();
+        }
+    }
+    let r = f();
+    *lock_phase(phase) = Phase::Idle;
+    r
+}
+
+/// Ends the process at once when `why` arrives inside a model load and nothing is held on a
+/// device yet; returns otherwise, and the caller queues the shutdown for the main loop.
+fn exit_if_loading(phase: &SharedPhase, why: &str) {
+    // Held until the process ends: main cannot leave the load phase behind this decision.
+    let st = lock_phase(phase);
+    let Phase::Loading { npu } = &*st else {
+        return;
+    };
+    if let Some(roots) = npu {
+        let held = holds_accel(std::process::id(), roots);
+        if !matches!(held, Ok(false)) {
+            tracing::warn!(
+                "{why} during the model load with the NPU {}: finishing the load, then \
+                 releasing the model before exiting (ending now would drop the device mid-setup)",
+                if held.is_ok() {
+                    "already open"
+                } else {
+                    "possibly open (this process's fd table is unreadable)"
+                }
+            );
+            return;
+        }
+    }
+    tracing::warn!(
+        "{why} during the model load: exiting now (status {EXIT_STOPPED_DURING_LOAD}) without \
+         waiting for the load; nothing is held on a device yet"
+    );
+    // SAFETY: _exit(2) ends the process without running atexit handlers or static destructors,
+    // so no runtime global is torn down under the load running on main; the kernel releases
+    // memory and fds. Nothing of ours is half-written: replies go out whole, between loads.
+    unsafe { libc::_exit(i32::from(EXIT_STOPPED_DURING_LOAD)) }
+}
 
 /// The worker's `main`. Call it first thing, before any other thread exists (the signal mask is
 /// inherited by threads created later, ONNX Runtime's pools included).
@@ -61,21 +143,27 @@ pub fn main() -> ExitCode {
     };
     let (tx, rx) = mpsc::channel::<Input>();
     let running: Running = Arc::new(Mutex::new(None));
-    if let Err(e) = spawn_signal_thread(signals, tx.clone(), running.clone()) {
+    let phase = SharedPhase::default();
+    if let Err(e) = spawn_signal_thread(signals, tx.clone(), running.clone(), phase.clone()) {
         tracing::error!("starting the signal thread: {e}");
         return ExitCode::FAILURE;
     }
-    if let Err(e) = spawn_stdin_thread(tx, running.clone()) {
+    if let Err(e) = spawn_stdin_thread(tx, running.clone(), phase.clone()) {
         tracing::error!("starting the request reader: {e}");
         return ExitCode::FAILURE;
     }
-    let code = serve(rx, running, BufWriter::new(out));
+    let code = serve(rx, running, &phase, BufWriter::new(out));
     tracing::info!("worker exiting");
     code
 }
 
 /// The main loop; returns after the backbone is dropped.
-fn serve(rx: mpsc::Receiver<Input>, running: Running, mut out: BufWriter<File>) -> ExitCode {
+fn serve(
+    rx: mpsc::Receiver<Input>,
+    running: Running,
+    phase: &SharedPhase,
+    mut out: BufWriter<File>,
+) -> ExitCode {
     let hello = Hello::from_process();
     tracing::info!(
         "worker pid {} started (protocol {}, onebit-tts {})",
@@ -97,7 +185,7 @@ fn serve(rx: mpsc::Receiver<Input>, running: Running, mut out: BufWriter<File>) 
                         error: WireError::Other("the backbone is already loaded".into()),
                     }
                 } else {
-                    match load_backbone(&load) {
+                    match in_load_phase(phase, &load, || load_backbone(&load)) {
                         Ok((b, loaded)) => {
                             backbone = Some(b);
                             Reply::Loaded(Box::new(loaded))
@@ -293,7 +381,11 @@ fn run(
     write_frame(out, &reply)
 }
 
-fn spawn_stdin_thread(tx: mpsc::Sender<Input>, running: Running) -> io::Result<()> {
+fn spawn_stdin_thread(
+    tx: mpsc::Sender<Input>,
+    running: Running,
+    phase: SharedPhase,
+) -> io::Result<()> {
     std::thread::Builder::new()
         .name("worker-stdin".into())
         .spawn(move || {
@@ -302,6 +394,7 @@ fn spawn_stdin_thread(tx: mpsc::Sender<Input>, running: Running) -> io::Result<(
                 let msg = match read_frame::<_, Request>(&mut input) {
                     Ok(Some(m)) => m,
                     Ok(None) => {
+                        exit_if_loading(&phase, "end of stdin");
                         let _ = tx.send(Input::Shutdown("end of stdin"));
                         return;
                     }
@@ -329,6 +422,7 @@ fn spawn_stdin_thread(tx: mpsc::Sender<Input>, running: Running) -> io::Result<(
                         Ok(())
                     }
                     Request::Shutdown => {
+                        exit_if_loading(&phase, "shutdown requested");
                         let _ = tx.send(Input::Shutdown("shutdown requested"));
                         return;
                     }
@@ -365,6 +459,7 @@ fn spawn_signal_thread(
     set: libc::sigset_t,
     tx: mpsc::Sender<Input>,
     running: Running,
+    phase: SharedPhase,
 ) -> io::Result<()> {
     std::thread::Builder::new()
         .name("worker-signals".into())
@@ -378,6 +473,7 @@ fn spawn_signal_thread(
                     return;
                 }
                 if sig == libc::SIGTERM {
+                    exit_if_loading(&phase, "SIGTERM");
                     tracing::info!(
                         "SIGTERM: cancelling the request in flight, then releasing the model"
                     );

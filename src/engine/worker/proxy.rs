@@ -1,5 +1,6 @@
 //! The parent's side of the engine worker: [`WorkerEngine`].
 
+use std::fmt;
 use std::io::{self, BufRead, BufReader, BufWriter};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -13,13 +14,13 @@ use super::protocol::{
     EVIDENCE_STEPS, Generate, Hello, Load, Loaded, PROTOCOL_VERSION, Reply, Request, read_frame,
     write_frame,
 };
+use super::supervisor::{Child, Ending, NeverKill, StopOutcome, StopPolicy};
 use crate::engine::{
     CancelToken, Candidates, Device, Engine, EngineError, Generation, GenerationParams, OrtOptions,
     StopReason,
 };
 use crate::npu::SystemRoots;
 use crate::npu::env::{EnvInputs, worker_env};
-use crate::npu::lifecycle::{Child, Ending, StopGrace, StopOutcome, holds_accel};
 use crate::npu::residency::Residency;
 
 /// How often the watchdog reaps (a reap by anyone else wakes it at once).
@@ -33,6 +34,59 @@ const LOG_TAIL_BYTES: usize = 16 * 1024;
 /// The delay before the one retry of a failed non-streamed NPU request (first dispatch after
 /// idle can hit a one-off firmware timeout).
 pub const NPU_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// From start to `loaded`: generous, because a first NPU load compiles the model (minutes) and
+/// caches the result for later loads.
+pub const DEFAULT_LOAD_TIMEOUT: Duration = Duration::from_secs(900);
+/// Within a request, the longest wait for the next code or the end; the first code includes the
+/// prefill of the whole prompt.
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long the worker may go without progress before it counts as hung and is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerTimeouts {
+    /// From start to `loaded` (`--load-timeout`, ONEBIT_LOAD_TIMEOUT_S).
+    pub load: Duration,
+    /// Between a request's codes, or to its end (`--step-timeout`, ONEBIT_STEP_TIMEOUT_S).
+    pub step: Duration,
+}
+
+impl Default for WorkerTimeouts {
+    fn default() -> Self {
+        WorkerTimeouts {
+            load: DEFAULT_LOAD_TIMEOUT,
+            step: DEFAULT_STEP_TIMEOUT,
+        }
+    }
+}
+
+/// Whether an NPU load may serve: only with proven residency, unless the CPU fallback is allowed
+/// (and `--require-npu` forbids that in any case). Checked after every load, a respawn's too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResidencyGate {
+    pub require_npu: bool,
+    pub allow_cpu_fallback: bool,
+}
+
+impl ResidencyGate {
+    pub fn check(&self, residency: Option<&Residency>) -> Result<(), EngineError> {
+        let r = match residency {
+            Some(r) if r.is_proven() => return Ok(()),
+            Some(r) => r.to_string(),
+            None => "npu residency: unproven: the worker reported no evidence".to_owned(),
+        };
+        if self.require_npu {
+            return Err(EngineError::Device(format!("--require-npu: {r}")));
+        }
+        if !self.allow_cpu_fallback {
+            return Err(EngineError::Device(format!(
+                "--device npu: {r}; refusing to serve a CPU fallback as the NPU (pass \
+                 --allow-cpu-fallback to serve it anyway, labelled \"cpu fallback\")"
+            )));
+        }
+        tracing::warn!("--allow-cpu-fallback: serving although {r}");
+        Ok(())
+    }
+}
 
 /// How to start and stop the worker.
 #[derive(Debug, Clone)]
@@ -44,11 +98,14 @@ pub struct WorkerConfig {
     /// Inputs of the environment rules; `env.worker_exe` is the program started as
     /// `<exe> worker` (normally this process's own executable).
     pub env: EnvInputs,
-    /// Between SIGTERM and giving up (ONEBIT_BACKEND_STOP_GRACE_S).
-    pub grace: Duration,
-    /// SIGKILL a worker that outlives the grace; never applied to one holding the NPU.
-    pub allow_kill: bool,
-    /// Where /sys, /dev and /proc are (residency proof, NPU-holder check); tests fake them.
+    /// SIGTERM, the grace (ONEBIT_BACKEND_STOP_GRACE_S), then SIGKILL only when allowed and
+    /// never for a worker the policy protects (one holding the NPU).
+    pub stop: StopPolicy,
+    /// Load and step timeouts: past them the worker counts as hung and is stopped.
+    pub timeouts: WorkerTimeouts,
+    /// On the NPU: whether a load may serve, checked after every (re)spawn; `None`: any load.
+    pub gate: Option<ResidencyGate>,
+    /// Where /sys, /dev and /proc are for the residency proof; tests fake them.
     pub roots: SystemRoots,
     /// Wait before the one retry of a failed non-streamed request; `None`: no retry. The NPU
     /// route uses [`NPU_RETRY_DELAY`].
@@ -60,7 +117,9 @@ pub struct WorkerConfig {
 impl WorkerConfig {
     /// The production settings: this executable as the worker, the environment rules over this
     /// process's knobs (applied only for `--device npu` on a package that declares RyzenAI),
-    /// ONEBIT_BACKEND_STOP_GRACE_S, the real system roots, the 1 s retry on the NPU.
+    /// ONEBIT_BACKEND_STOP_GRACE_S with no SIGKILL of an NPU worker (nor of any process found
+    /// holding the NPU), the default timeouts, no residency gate, the real system roots, the 1 s
+    /// retry on the NPU.
     pub fn from_process(
         package_dir: PathBuf,
         ort_lib: Option<PathBuf>,
@@ -77,13 +136,22 @@ impl WorkerConfig {
             })?,
         };
         let npu = ort.device == Device::Npu;
+        let roots = SystemRoots::default();
         Ok(WorkerConfig {
             package_dir,
             ort_lib,
             env: EnvInputs::from_process(provider_declared && npu, exe),
-            grace: StopGrace::from_env().grace,
-            allow_kill: false,
-            roots: SystemRoots::default(),
+            stop: StopPolicy {
+                never_kill: if npu {
+                    NeverKill::Anyone
+                } else {
+                    NeverKill::AccelHolders(roots.clone())
+                },
+                ..StopPolicy::from_env()
+            },
+            timeouts: WorkerTimeouts::default(),
+            gate: None,
+            roots,
             retry_delay: npu.then_some(NPU_RETRY_DELAY),
             ep_library: None,
             ort,
@@ -102,8 +170,96 @@ struct Shared {
     changed: Condvar,
 }
 
+/// Where the worker stands, for /health and the log. Every state but `NotStarted` and
+/// `Unavailable` names the worker's pid.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum WorkerState {
+    /// None started yet; the next request starts one.
+    #[default]
+    NotStarted,
+    /// Started, not yet said hello.
+    Starting {
+        pid: u32,
+    },
+    /// Said hello, loading the model (minutes for a first NPU load).
+    Loading {
+        pid: u32,
+    },
+    Ready {
+        pid: u32,
+    },
+    /// Made no progress in time; being stopped (SIGTERM, grace).
+    Hung {
+        pid: u32,
+        reason: String,
+    },
+    /// Being stopped (shutdown, or cleanup after a failure): SIGTERM sent, in its grace.
+    Stopping {
+        pid: u32,
+    },
+    /// Outlived its grace while holding the NPU: never SIGKILLed, and no worker starts beside
+    /// it; the engine serves again once it exits.
+    WaitingForExit {
+        pid: u32,
+        reason: String,
+    },
+    /// Ended (or was let go); the next request starts a new one.
+    Stopped {
+        pid: u32,
+        how: String,
+    },
+    /// Serves nothing until restarted (a respawned NPU worker's residency was not proven).
+    Unavailable {
+        reason: String,
+    },
+}
+
+impl WorkerState {
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            WorkerState::Starting { pid }
+            | WorkerState::Loading { pid }
+            | WorkerState::Ready { pid }
+            | WorkerState::Hung { pid, .. }
+            | WorkerState::Stopping { pid }
+            | WorkerState::WaitingForExit { pid, .. }
+            | WorkerState::Stopped { pid, .. } => Some(*pid),
+            WorkerState::NotStarted | WorkerState::Unavailable { .. } => None,
+        }
+    }
+
+    /// True while no request can be served until something outside the engine changes.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            WorkerState::WaitingForExit { .. } | WorkerState::Unavailable { .. }
+        )
+    }
+}
+
+impl fmt::Display for WorkerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkerState::NotStarted => f.write_str("not started"),
+            WorkerState::Starting { pid } => write!(f, "worker pid {pid} starting"),
+            WorkerState::Loading { pid } => write!(f, "worker pid {pid} loading the model"),
+            WorkerState::Ready { pid } => write!(f, "worker pid {pid} ready"),
+            WorkerState::Hung { pid, reason } => {
+                write!(f, "worker pid {pid} hung ({reason}); stopping it")
+            }
+            WorkerState::Stopping { pid } => write!(f, "worker pid {pid} stopping"),
+            WorkerState::WaitingForExit { reason, .. } | WorkerState::Unavailable { reason } => {
+                f.write_str(reason)
+            }
+            WorkerState::Stopped { pid, how } => write!(f, "worker pid {pid} stopped: {how}"),
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
+    state: WorkerState,
     pid: Option<u32>,
     spawns: u32,
     hello: Option<Hello>,
@@ -124,6 +280,69 @@ impl WorkerHandle {
     /// The running worker's pid.
     pub fn pid(&self) -> Option<u32> {
         self.lock().pid
+    }
+
+    /// Where the worker stands (for /health).
+    pub fn state(&self) -> WorkerState {
+        self.lock().state.clone()
+    }
+
+    /// Waits up to `timeout` for a state that `want` accepts; returns it, or None on timeout.
+    pub fn wait_state(
+        &self,
+        timeout: Duration,
+        want: impl Fn(&WorkerState) -> bool,
+    ) -> Option<WorkerState> {
+        self.wait(timeout, |st| want(&st.state).then(|| st.state.clone()))
+    }
+
+    /// Waits up to `timeout` until the worker's log tail contains `needle`.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
+        self.wait(timeout, |st| st.log_tail.contains(needle).then_some(()))
+            .is_some()
+    }
+
+    /// Waits on the condition variable (every change notifies it) until `f` answers.
+    fn wait<R>(&self, timeout: Duration, f: impl Fn(&State) -> Option<R>) -> Option<R> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            if let Some(r) = f(&st) {
+                return Some(r);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            st = self
+                .0
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// A stop's verdict on worker `pid`; a holder whose exit the watchdog already recorded is
+    /// no longer waited for (checked under the same lock the watchdog records under).
+    fn settle(&self, pid: u32, state: WorkerState) {
+        let mut st = self.lock();
+        let ended = st.endings.iter().any(|(p, _)| *p == pid);
+        if !(ended && matches!(state, WorkerState::WaitingForExit { .. })) {
+            st.state = state;
+        }
+        drop(st);
+        self.0.changed.notify_all();
+    }
+
+    fn set_state(&self, state: WorkerState) {
+        let mut st = self.lock();
+        if st.state != state {
+            tracing::debug!("worker state: {state}");
+            st.state = state;
+        }
+        drop(st);
+        self.0.changed.notify_all();
     }
 
     /// Workers started so far (a respawn after a crash counts).
@@ -157,23 +376,9 @@ impl WorkerHandle {
 
     /// Waits up to `timeout` for worker `pid` to be reaped.
     pub fn wait_ending(&self, pid: u32, timeout: Duration) -> Option<Ending> {
-        let deadline = Instant::now() + timeout;
-        let mut st = self.lock();
-        loop {
-            if let Some((_, e)) = st.endings.iter().find(|(p, _)| *p == pid) {
-                return Some(*e);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            st = self
-                .0
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        self.wait(timeout, |st| {
+            st.endings.iter().find(|(p, _)| *p == pid).map(|(_, e)| *e)
+        })
     }
 
     /// Workers left running after the grace (never SIGKILLed: NPU holders, or kill not allowed).
@@ -189,23 +394,8 @@ impl WorkerHandle {
     /// Waits up to `timeout` until worker `pid`'s stderr has ended, so that its last lines are
     /// in [`WorkerHandle::log_tail`]. False on timeout.
     pub fn wait_log_closed(&self, pid: u32, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut st = self.lock();
-        loop {
-            if st.log_closed.contains(&pid) {
-                return true;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            st = self
-                .0
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        self.wait(timeout, |st| st.log_closed.contains(&pid).then_some(()))
+            .is_some()
     }
 
     fn log_closed(&self, pid: u32) {
@@ -220,6 +410,15 @@ impl WorkerHandle {
         }
         if st.pid == Some(pid) {
             st.pid = None;
+        }
+        // A worker that ends on its own (a crash while idle, a holder that finally exits after
+        // its grace) is no longer what /health should show; the stop in progress, if any,
+        // overwrites this with its own verdict.
+        if st.state.pid() == Some(pid) {
+            st.state = WorkerState::Stopped {
+                pid,
+                how: format!("exited: {ending}"),
+            };
         }
         drop(st);
         self.0.changed.notify_all();
@@ -236,6 +435,8 @@ impl WorkerHandle {
             }
             st.log_tail.drain(..cut);
         }
+        drop(st);
+        self.0.changed.notify_all();
     }
 }
 
@@ -261,24 +462,53 @@ impl Live {
         }
     }
 
-    /// The next event; the channel closing counts as the stream ending.
-    fn recv(&self) -> Event {
-        self.events
-            .recv()
-            .unwrap_or_else(|_| Event::Closed("reply reader gone".into()))
+    /// The next event, or `None` once `deadline` passes; the channel closing counts as the
+    /// stream ending.
+    fn recv_until(&self, deadline: Instant) -> Option<Event> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.events.recv_timeout(left) {
+            Ok(ev) => Some(ev),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Event::Closed("reply reader gone".into())),
+        }
     }
 }
 
+/// Why the parent stops a worker: decides what the log and /health say meanwhile.
+enum Retire {
+    /// On purpose (shutdown, a load the worker refused): logged at info.
+    Planned,
+    /// It died or broke its stream.
+    Crashed,
+    /// It made no progress in time.
+    Hung(String),
+}
+
+/// How the start-up conversation failed.
+enum Handshake {
+    /// The worker answered with an error (or out of turn) and is still there.
+    Refused(EngineError),
+    /// Its reply stream ended.
+    Closed(String),
+    /// It said nothing in time; what it did not do.
+    TimedOut(&'static str),
+}
+
 /// An [`Engine`] whose backbone runs in a worker child. The child is started by
-/// [`WorkerEngine::start`] (or the first request), restarted by the next request after it dies,
-/// and stopped by [`WorkerEngine::shutdown`] or drop.
+/// [`WorkerEngine::start`] (or the first request), restarted by the next request after it dies
+/// or hangs — but never beside an earlier worker that still holds the NPU — and stopped by
+/// [`WorkerEngine::shutdown`] or drop.
 pub struct WorkerEngine {
     cfg: WorkerConfig,
     handle: WorkerHandle,
     live: Option<Live>,
     next_id: u64,
-    /// Workers that outlived the grace; kept so their exit can still be reaped.
+    /// Workers that outlived the grace; kept so their exit can still be reaped, and so no new
+    /// worker starts while one of them holds the NPU.
     left_running: Vec<Arc<Child>>,
+    /// Set when a load must not serve (the residency gate refused it): every later request
+    /// fails with this reason instead of respawning into a silent CPU fallback.
+    unavailable: Option<String>,
 }
 
 impl WorkerEngine {
@@ -290,6 +520,7 @@ impl WorkerEngine {
             live: None,
             next_id: 1,
             left_running: Vec::new(),
+            unavailable: None,
         }
     }
 
@@ -306,17 +537,17 @@ impl WorkerEngine {
         &self.cfg
     }
 
-    /// Changes the settings; they apply from the next start or stop (tests point `roots` at a
-    /// fake tree once the worker's pid is known).
+    /// Changes the settings; they apply from the next start or stop (tests point the stop
+    /// policy at a fake /proc once the worker's pid is known).
     pub fn config_mut(&mut self) -> &mut WorkerConfig {
         &mut self.cfg
     }
 
     /// Stops the worker: `shutdown` message, end of stdin, SIGTERM to its pid, the grace, then
-    /// SIGKILL only when allowed and it does not hold the NPU. `None` when none was running.
+    /// SIGKILL only when the stop policy allows it. `None` when none was running.
     pub fn shutdown(&mut self) -> Option<StopOutcome> {
         let live = self.live.take()?;
-        self.retire(live, true)
+        self.retire(live, Retire::Planned)
     }
 
     fn ensure_live(&mut self) -> Result<(), EngineError> {
@@ -332,49 +563,106 @@ impl WorkerEngine {
                     .ending()
                     .map_or_else(|| "ended".into(), |e| e.to_string())
             );
-            self.retire(live, false);
+            self.retire(live, Retire::Crashed);
+        }
+        if let Some(reason) = &self.unavailable {
+            return Err(EngineError::Unavailable(reason.clone()));
+        }
+        if let Some(pid) = self.device_holder() {
+            // One context per model on the NPU: a second worker beside this one would fail, or
+            // worse, share the device with a process in an unknown state.
+            let reason = format!(
+                "waiting for worker pid {pid} to exit before respawning: it holds the NPU, did \
+                 not end within {} s of SIGTERM and is never SIGKILLed (check it with `ls -l \
+                 /proc/{pid}/fd`; end it with `kill -TERM {pid}` once it is idle)",
+                self.cfg.stop.grace.as_secs()
+            );
+            tracing::warn!("{reason}");
+            self.handle.set_state(WorkerState::WaitingForExit {
+                pid,
+                reason: reason.clone(),
+            });
+            return Err(EngineError::Unavailable(reason));
         }
         self.spawn()
     }
 
-    fn holds_npu(&self, pid: u32) -> bool {
-        self.cfg.ort.device == Device::Npu || holds_accel(pid, &self.cfg.roots).unwrap_or(false)
+    /// An earlier worker, left running after its grace, that the stop policy protects (it
+    /// holds the NPU). Those that ended meanwhile are let go here.
+    fn device_holder(&mut self) -> Option<u32> {
+        self.left_running.retain(|c| c.alive());
+        self.left_running
+            .iter()
+            .map(|c| c.pid())
+            .find(|&pid| self.cfg.stop.never_kill.protects(pid))
     }
 
     /// Ends a worker by the stop policy and records what happened.
-    fn retire(&mut self, mut live: Live, expected: bool) -> Option<StopOutcome> {
-        if expected {
-            live.stopping.store(true, Ordering::SeqCst);
-        }
+    fn retire(&mut self, mut live: Live, why: Retire) -> Option<StopOutcome> {
         let pid = live.child.pid();
+        match why {
+            Retire::Planned => {
+                live.stopping.store(true, Ordering::SeqCst);
+                self.handle.set_state(WorkerState::Stopping { pid });
+            }
+            Retire::Crashed => self.handle.set_state(WorkerState::Stopping { pid }),
+            Retire::Hung(reason) => self.handle.set_state(WorkerState::Hung { pid, reason }),
+        }
         if live.child.alive() {
             let _ = live.send(&Request::Shutdown);
         }
         drop(live.stdin.take());
-        let holds = self.holds_npu(pid);
-        let outcome = match live.child.stop(self.cfg.grace, holds, self.cfg.allow_kill) {
+        let outcome = match live.child.stop(&self.cfg.stop) {
             Ok(o) => o,
             Err(e) => {
                 tracing::error!("stopping worker pid {pid}: {e}");
                 return None;
             }
         };
-        match &outcome {
-            StopOutcome::LeftRunning { .. } => {
+        let state = match &outcome {
+            StopOutcome::LeftRunning { holds_npu, .. } => {
                 tracing::error!("worker pid {pid}: {outcome}");
                 self.handle.lock().left_running.push(pid);
                 self.left_running.push(live.child.clone());
+                if *holds_npu {
+                    WorkerState::WaitingForExit {
+                        pid,
+                        reason: format!(
+                            "waiting for worker pid {pid} to exit before respawning: {outcome}"
+                        ),
+                    }
+                } else {
+                    WorkerState::Stopped {
+                        pid,
+                        how: outcome.to_string(),
+                    }
+                }
             }
-            StopOutcome::Killed(_) => tracing::warn!("worker pid {pid}: {outcome}"),
-            _ => tracing::info!("worker pid {pid}: {outcome}"),
-        }
+            StopOutcome::Killed(_) => {
+                tracing::warn!("worker pid {pid}: {outcome}");
+                WorkerState::Stopped {
+                    pid,
+                    how: outcome.to_string(),
+                }
+            }
+            _ => {
+                tracing::info!("worker pid {pid}: {outcome}");
+                WorkerState::Stopped {
+                    pid,
+                    how: outcome.to_string(),
+                }
+            }
+        };
         if let Some(e) = outcome.ending() {
             self.handle.record_ending(pid, e);
         }
-        let mut st = self.handle.lock();
-        if st.pid == Some(pid) {
-            st.pid = None;
+        {
+            let mut st = self.handle.lock();
+            if st.pid == Some(pid) {
+                st.pid = None;
+            }
         }
+        self.handle.settle(pid, state);
         Some(outcome)
     }
 
@@ -409,6 +697,7 @@ impl WorkerEngine {
             st.loaded = None;
             st.residency = None;
         }
+        self.handle.set_state(WorkerState::Starting { pid });
         forward_stderr(stderr, pid, self.handle.clone());
         let (tx, events) = mpsc::channel();
         read_replies(stdout, pid, tx);
@@ -435,74 +724,114 @@ impl WorkerEngine {
             stopping,
         };
         tracing::info!("worker pid {pid} started: {} worker", exe.display());
-        match self.handshake(&mut live) {
-            Ok(loaded) => {
-                // The worker weighed its own evidence (only it can read its placement and see
-                // its device counters across decode steps).
-                let residency = loaded.residency.clone();
-                match &residency {
-                    Some(r) if r.is_proven() => tracing::info!("worker pid {pid}: {r}"),
-                    Some(r) => tracing::warn!("worker pid {pid}: {r}"),
-                    None => {}
-                }
-                tracing::info!(
-                    "worker pid {pid} ready on {}: {} (providers: {})",
-                    loaded.device,
-                    loaded.engine,
-                    loaded.providers.join(", ")
+        let load_timeout = self.cfg.timeouts.load;
+        let loaded = match self.handshake(&mut live, Instant::now() + load_timeout) {
+            Ok(loaded) => loaded,
+            Err(Handshake::Refused(e)) => {
+                self.retire(live, Retire::Planned);
+                return Err(e);
+            }
+            Err(Handshake::Closed(why)) => {
+                let outcome = self.retire(live, Retire::Crashed);
+                let ending = outcome
+                    .as_ref()
+                    .and_then(StopOutcome::ending)
+                    .map_or_else(|| "status unknown".into(), |e| e.to_string());
+                return Err(EngineError::Worker(format!(
+                    "{why} ({ending}){}",
+                    self.last_words(pid)
+                )));
+            }
+            Err(Handshake::TimedOut(what)) => {
+                let reason = format!(
+                    "it {what} within {} s (--load-timeout)",
+                    load_timeout.as_secs()
                 );
-                let mut st = self.handle.lock();
-                st.loaded = Some(loaded);
-                st.residency = residency;
-                drop(st);
-                self.live = Some(live);
-                Ok(())
+                tracing::error!("worker pid {pid}: {reason}; stopping it");
+                let outcome = self.retire(live, Retire::Hung(reason.clone()));
+                return Err(EngineError::WorkerHung {
+                    pid,
+                    detail: format!(
+                        "{reason}; {}{}",
+                        outcome.map_or_else(|| "status unknown".into(), |o| o.to_string()),
+                        self.last_words(pid)
+                    ),
+                });
             }
-            Err((e, closed)) => {
-                let outcome = self.retire(live, !closed);
-                // Its last words explain most start-up failures; they may still be in the pipe.
-                if closed {
-                    self.handle.wait_log_closed(pid, Duration::from_secs(1));
-                }
-                let e = match (closed, outcome.and_then(|o| o.ending())) {
-                    (true, Some(ending)) => EngineError::Worker(format!(
-                        "{e} ({ending}); last worker log lines:\n{}",
-                        last_lines(&self.handle.log_tail(), 5)
-                    )),
-                    _ => e,
-                };
-                Err(e)
-            }
+        };
+        // The worker weighed its own evidence (only it can read its placement and see its
+        // device counters across decode steps).
+        let residency = loaded.residency.clone();
+        match &residency {
+            Some(r) if r.is_proven() => tracing::info!("worker pid {pid}: {r}"),
+            Some(r) => tracing::warn!("worker pid {pid}: {r}"),
+            None => {}
+        }
+        {
+            let mut st = self.handle.lock();
+            st.loaded = Some(loaded.clone());
+            st.residency = residency.clone();
+        }
+        if let Some(gate) = self.cfg.gate
+            && let Err(e) = gate.check(residency.as_ref())
+        {
+            // A respawn is proven again or it does not serve: a silent CPU fallback behind an
+            // "npu" label is what the gate exists to prevent.
+            tracing::error!("worker pid {pid}: {e}; the engine stops serving");
+            self.retire(live, Retire::Planned);
+            let reason = e.to_string();
+            self.unavailable = Some(reason.clone());
+            self.handle.set_state(WorkerState::Unavailable { reason });
+            return Err(e);
+        }
+        tracing::info!(
+            "worker pid {pid} ready on {}: {} (providers: {})",
+            loaded.device,
+            loaded.engine,
+            loaded.providers.join(", ")
+        );
+        self.handle.set_state(WorkerState::Ready { pid });
+        self.live = Some(live);
+        Ok(())
+    }
+
+    /// The last lines worker `pid` logged, as a suffix for an error; its stderr gets a moment to
+    /// drain, since its last words explain most start-up failures.
+    fn last_words(&self, pid: u32) -> String {
+        self.handle.wait_log_closed(pid, Duration::from_secs(1));
+        let tail = last_lines(&self.handle.log_tail(), 5);
+        if tail.is_empty() {
+            String::new()
+        } else {
+            format!("; last worker log lines:\n{tail}")
         }
     }
 
-    /// `hello`, then `load` -> `loaded`. The error says whether the stream ended.
-    fn handshake(&self, live: &mut Live) -> Result<Loaded, (EngineError, bool)> {
-        let hello = match live.recv() {
-            Event::Reply(Reply::Hello(h)) => h,
-            Event::Reply(other) => {
-                return Err((
-                    EngineError::Worker(format!("expected hello, got {other:?}")),
-                    false,
-                ));
+    /// `hello`, then `load` -> `loaded`, all before `deadline`.
+    fn handshake(&self, live: &mut Live, deadline: Instant) -> Result<Loaded, Handshake> {
+        let hello = match live.recv_until(deadline) {
+            Some(Event::Reply(Reply::Hello(h))) => h,
+            Some(Event::Reply(other)) => {
+                return Err(Handshake::Refused(EngineError::Worker(format!(
+                    "expected hello, got {other:?}"
+                ))));
             }
-            Event::Closed(why) => {
-                return Err((
-                    EngineError::Worker(format!("the worker ended before saying hello: {why}")),
-                    true,
-                ));
+            Some(Event::Closed(why)) => {
+                return Err(Handshake::Closed(format!(
+                    "the worker ended before saying hello: {why}"
+                )));
             }
+            None => return Err(Handshake::TimedOut("did not say hello")),
         };
         if hello.protocol != PROTOCOL_VERSION {
-            return Err((
-                EngineError::Worker(format!(
-                    "the worker speaks protocol {} (onebit-tts {}); this process speaks {PROTOCOL_VERSION}",
-                    hello.protocol, hello.version
-                )),
-                false,
-            ));
+            return Err(Handshake::Refused(EngineError::Worker(format!(
+                "the worker speaks protocol {} (onebit-tts {}); this process speaks {PROTOCOL_VERSION}",
+                hello.protocol, hello.version
+            ))));
         }
+        let pid = live.child.pid();
         self.handle.lock().hello = Some(hello);
+        self.handle.set_state(WorkerState::Loading { pid });
         let load = Request::Load(Load {
             package_dir: self.cfg.package_dir.clone(),
             ort_lib: self.cfg.ort_lib.clone(),
@@ -511,22 +840,20 @@ impl WorkerEngine {
             evidence_steps: EVIDENCE_STEPS,
         });
         if let Err(e) = live.send(&load) {
-            return Err((
-                EngineError::Worker(format!("sending load to the worker: {e}")),
-                true,
-            ));
+            return Err(Handshake::Closed(format!(
+                "sending load to the worker: {e}"
+            )));
         }
-        match live.recv() {
-            Event::Reply(Reply::Loaded(l)) => Ok(*l),
-            Event::Reply(Reply::Error { error, .. }) => Err((error.into(), false)),
-            Event::Reply(other) => Err((
-                EngineError::Worker(format!("expected loaded, got {other:?}")),
-                false,
-            )),
-            Event::Closed(why) => Err((
-                EngineError::Worker(format!("the worker ended while loading the model: {why}")),
-                true,
-            )),
+        match live.recv_until(deadline) {
+            Some(Event::Reply(Reply::Loaded(l))) => Ok(*l),
+            Some(Event::Reply(Reply::Error { error, .. })) => Err(Handshake::Refused(error.into())),
+            Some(Event::Reply(other)) => Err(Handshake::Refused(EngineError::Worker(format!(
+                "expected loaded, got {other:?}"
+            )))),
+            Some(Event::Closed(why)) => Err(Handshake::Closed(format!(
+                "the worker ended while loading the model: {why}"
+            ))),
+            None => Err(Handshake::TimedOut("did not report the model loaded")),
         }
     }
 
@@ -537,7 +864,7 @@ impl WorkerEngine {
         };
         let pid = live.child.pid();
         let _ = live.child.wait_timeout(CRASH_REAP_WAIT);
-        let outcome = self.retire(live, false);
+        let outcome = self.retire(live, Retire::Crashed);
         let ending = match &outcome {
             Some(o) => o
                 .ending()
@@ -550,21 +877,18 @@ impl WorkerEngine {
         EngineError::WorkerCrashed { pid, ending }
     }
 
-    fn hung(&mut self, since_cancel: Duration) -> EngineError {
+    /// The worker made no progress in time during a request: stop it by the policy.
+    fn hung(&mut self, reason: String) -> EngineError {
         let Some(live) = self.live.take() else {
-            return EngineError::Worker("hung".into());
+            return EngineError::Worker(reason);
         };
         let pid = live.child.pid();
-        tracing::error!(
-            "worker pid {pid} did not finish within {:.0} s of a cancel; stopping it",
-            since_cancel.as_secs_f64()
-        );
-        let outcome = self.retire(live, false);
-        EngineError::WorkerCrashed {
+        tracing::error!("worker pid {pid} hung: {reason}; stopping it");
+        let outcome = self.retire(live, Retire::Hung(reason.clone()));
+        EngineError::WorkerHung {
             pid,
-            ending: format!(
-                "no answer {:.0} s after a cancel; {}",
-                since_cancel.as_secs_f64(),
+            detail: format!(
+                "{reason}; {}",
                 outcome.map_or_else(|| "status unknown".into(), |o| o.to_string())
             ),
         }
@@ -582,7 +906,7 @@ enum Ended {
     Done(Generation),
     Failed(EngineError),
     Crashed(String),
-    Hung(Duration),
+    Hung(String),
 }
 
 impl Engine for WorkerEngine {
@@ -598,7 +922,8 @@ impl Engine for WorkerEngine {
         let id = self.next_id;
         self.next_id += 1;
         // A hung worker gets the stop grace to answer a cancel (at least a second).
-        let answer_within = self.cfg.grace.max(Duration::from_secs(1));
+        let answer_within = self.cfg.stop.grace.max(Duration::from_secs(1));
+        let step_timeout = self.cfg.timeouts.step;
         let live = self.live.as_mut().expect("ensure_live started one");
         let request = Request::Generate(Generate {
             id,
@@ -612,6 +937,7 @@ impl Engine for WorkerEngine {
             let mut codes = Vec::new();
             let mut stopped = false;
             let mut cancelled_at: Option<Instant> = None;
+            let mut progress_at = Instant::now();
             loop {
                 if cancelled_at.is_none() && (stopped || cancel.is_cancelled()) {
                     stopped = true;
@@ -623,7 +949,16 @@ impl Engine for WorkerEngine {
                 if let Some(t) = cancelled_at
                     && t.elapsed() > answer_within
                 {
-                    break Ended::Hung(t.elapsed());
+                    break Ended::Hung(format!(
+                        "no answer {:.0} s after a cancel",
+                        t.elapsed().as_secs_f64()
+                    ));
+                }
+                if cancelled_at.is_none() && progress_at.elapsed() > step_timeout {
+                    break Ended::Hung(format!(
+                        "no code and no end of request {id} within {} s (--step-timeout)",
+                        step_timeout.as_secs()
+                    ));
                 }
                 let event = match live.events.recv_timeout(CANCEL_POLL) {
                     Ok(ev) => ev,
@@ -632,6 +967,11 @@ impl Engine for WorkerEngine {
                         Event::Closed("reply reader gone".into())
                     }
                 };
+                if matches!(&event, Event::Reply(Reply::Code { id: i, .. } | Reply::Done { id: i, .. })
+                    if *i == id)
+                {
+                    progress_at = Instant::now();
+                }
                 match event {
                     Event::Reply(Reply::Code { id: i, code }) if i == id => {
                         // After a stop, codes already on their way are dropped, as the local
@@ -672,7 +1012,7 @@ impl Engine for WorkerEngine {
             Ended::Done(g) => Ok(g),
             Ended::Failed(e) => Err(e),
             Ended::Crashed(why) => Err(self.crashed(&why)),
-            Ended::Hung(after) => Err(self.hung(after)),
+            Ended::Hung(reason) => Err(self.hung(reason)),
         }
     }
 

@@ -11,8 +11,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
+use crate::engine::worker::supervisor::{Child, Ending, NeverKill, StopOutcome, StopPolicy};
 use crate::npu::NpuError;
-use crate::npu::lifecycle::{Child, StopOutcome};
 
 /// The effective ids that decide whether `open(2)` of the accel node succeeds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,7 +199,11 @@ impl Host for RealHost {
             child.with_std(|c| (c.stdout.take().map(read_all), c.stderr.take().map(read_all)));
         let Some(ending) = child.wait_timeout(self.command_timeout) else {
             // xrt-smi opens /dev/accel/accel0: a hung one gets SIGTERM, never SIGKILL.
-            let outcome = child.stop(Duration::from_secs(2), true, false)?;
+            let outcome = child.stop(&StopPolicy {
+                grace: Duration::from_secs(2),
+                never_kill: NeverKill::Anyone,
+                ..StopPolicy::default()
+            })?;
             if let StopOutcome::LeftRunning { pid, .. } = outcome {
                 return Err(NpuError::Command {
                     program: shown,
@@ -223,7 +227,7 @@ impl Host for RealHost {
         };
         Ok(CommandOutput {
             code: match ending {
-                crate::npu::Ending::Exit(c) => Some(c),
+                Ending::Exit(c) => Some(c),
                 _ => None,
             },
             stdout: get(out_rx),

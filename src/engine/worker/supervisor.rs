@@ -1,4 +1,7 @@
-//! Worker child lifecycle policy (reference: "Child lifecycle").
+//! The worker child's supervisor: one reap, SIGTERM to the child only, a grace, and what happens
+//! after it decided by a [`StopPolicy`] the worker's config carries (reference: "Child
+//! lifecycle"). It supervises any worker — the NPU's, a CPU `--isolate` one, the doctor's
+//! `xrt-smi` — and knows about the NPU only through [`NeverKill::AccelHolders`].
 //!
 //! - Every waitpid goes through one [`Child::reap`], which records how the child ended once.
 //!   [`Child::alive`], [`Child::stop`] and the watchdog ([`Child::spawn_watchdog`]) share it, so a
@@ -7,25 +10,25 @@
 //! - Signals go to the child's pid only, never to a process group (the group may hold the
 //!   server too), and only while the child is unreaped: the state lock is held across the check
 //!   and the `kill(2)`, so the pid cannot have been recycled in between.
-//! - The grace comes from ONEBIT_BACKEND_STOP_GRACE_S ([`StopGrace`]).
-//! - A process holding `/dev/accel/accel0` is never SIGKILLed: the amdxdna close path after a
-//!   SIGKILL left "aie2_hwctx_restart: Map host buf failed" / "amdxdna_drm_close: Resume failed"
-//!   in the kernel log and once panicked the box. It is reported loudly and left running.
+//! - The grace comes from ONEBIT_BACKEND_STOP_GRACE_S ([`StopGrace`]); while it runs, the wait
+//!   is logged at its start and every [`StopPolicy::report_every`], so a parent that exits
+//!   behind a slow worker says what it waits for instead of hanging silently.
+//! - A process holding `/dev/accel/accel0` is never SIGKILLed ([`NeverKill`]): the amdxdna close
+//!   path after a SIGKILL left "aie2_hwctx_restart: Map host buf failed" / "amdxdna_drm_close:
+//!   Resume failed" in the kernel log and once panicked the box. It is reported loudly and left
+//!   running.
 //! - A stopped (SIGSTOP) or otherwise hung child is not sent SIGCONT: it is treated as hung.
 
 use std::ffi::OsStr;
 use std::fmt;
-use std::fs;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use super::NpuError;
-use super::roots::SystemRoots;
+use crate::npu::{SystemRoots, holds_accel};
 
 /// Seconds a worker gets between SIGTERM and escalation.
 pub const STOP_GRACE_VAR: &str = "ONEBIT_BACKEND_STOP_GRACE_S";
@@ -38,6 +41,80 @@ const POLL: Duration = Duration::from_millis(10);
 /// How long to wait for the kernel to deliver a SIGKILL before reporting the child unreaped
 /// (a process in uninterruptible sleep inside a driver may not die at once).
 const KILL_REAP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a stop in its grace says what it is waiting for (besides once at its start).
+pub const DEFAULT_REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// A signal could not be sent to the child.
+#[derive(Debug, thiserror::Error)]
+#[error("signal {signal} to pid {pid}: {source}")]
+pub struct SignalError {
+    pub pid: u32,
+    pub signal: i32,
+    #[source]
+    pub source: io::Error,
+}
+
+/// Which children are never SIGKILLed, whatever [`StopPolicy::allow_kill`] says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NeverKill {
+    /// No child is protected (`allow_kill` decides alone).
+    Nobody,
+    /// Every child of this policy: an NPU worker may be opening the device at any moment, so it
+    /// counts as a holder from its start.
+    Anyone,
+    /// A child whose fd table (under these roots) shows the NPU's accel node open.
+    AccelHolders(SystemRoots),
+}
+
+impl NeverKill {
+    /// Whether `pid` is protected now. An fd table that cannot be read counts as not holding:
+    /// the child is ours, so that only happens once it is gone.
+    pub fn protects(&self, pid: u32) -> bool {
+        match self {
+            NeverKill::Nobody => false,
+            NeverKill::Anyone => true,
+            NeverKill::AccelHolders(roots) => holds_accel(pid, roots).unwrap_or_else(|e| {
+                tracing::debug!("pid {pid}: cannot read its fd table ({e}); not a holder");
+                false
+            }),
+        }
+    }
+}
+
+/// What [`Child::stop`] does: SIGTERM, `grace`, then SIGKILL only when `allow_kill` and the
+/// child is not protected by `never_kill`; otherwise it is reported and left running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopPolicy {
+    /// Between SIGTERM and the verdict (ONEBIT_BACKEND_STOP_GRACE_S).
+    pub grace: Duration,
+    /// SIGKILL a child that outlives the grace (`--allow-kill`).
+    pub allow_kill: bool,
+    pub never_kill: NeverKill,
+    /// How often the wait through the grace is logged (after a line at its start).
+    pub report_every: Duration,
+}
+
+impl StopPolicy {
+    /// The grace from ONEBIT_BACKEND_STOP_GRACE_S, no SIGKILL, nobody protected.
+    pub fn from_env() -> Self {
+        StopPolicy {
+            grace: StopGrace::from_env().grace,
+            ..StopPolicy::default()
+        }
+    }
+}
+
+impl Default for StopPolicy {
+    fn default() -> Self {
+        StopPolicy {
+            grace: Duration::from_secs(DEFAULT_STOP_GRACE_S),
+            allow_kill: false,
+            never_kill: NeverKill::Nobody,
+            report_every: DEFAULT_REPORT_EVERY,
+        }
+    }
+}
 
 /// The stop grace and, when the variable was bad, the warning to show.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -311,16 +388,16 @@ impl Child {
 
     /// Sends `signal` to the child's pid (not its group) unless it has been reaped. Returns
     /// whether it was sent.
-    pub fn signal(&self, signal: i32) -> Result<bool, NpuError> {
+    pub fn signal(&self, signal: i32) -> Result<bool, SignalError> {
         let mut st = self.lock();
         self.signal_locked(&mut st, signal)
     }
 
-    fn signal_locked(&self, st: &mut State, signal: i32) -> Result<bool, NpuError> {
+    fn signal_locked(&self, st: &mut State, signal: i32) -> Result<bool, SignalError> {
         if self.reap_locked(st).is_some() {
             return Ok(false);
         }
-        let pid = libc::pid_t::try_from(self.pid).map_err(|_| NpuError::Signal {
+        let pid = libc::pid_t::try_from(self.pid).map_err(|_| SignalError {
             pid: self.pid,
             signal,
             source: io::Error::from(io::ErrorKind::InvalidInput),
@@ -328,7 +405,7 @@ impl Child {
         // SAFETY: kill(2) has no memory effects; the pid is our unreaped child (a zombie at
         // worst), so it cannot name another process.
         if unsafe { libc::kill(pid, signal) } != 0 {
-            return Err(NpuError::Signal {
+            return Err(SignalError {
                 pid: self.pid,
                 signal,
                 source: io::Error::last_os_error(),
@@ -337,14 +414,11 @@ impl Child {
         Ok(true)
     }
 
-    /// Stops the child: no-op if it already ended; else SIGTERM to the child only, up to `grace`
-    /// for it to end, then — never for an NPU holder — SIGKILL if `allow_kill`.
-    pub fn stop(
-        &self,
-        grace: Duration,
-        holds_npu: bool,
-        allow_kill: bool,
-    ) -> Result<StopOutcome, NpuError> {
+    /// Stops the child by `policy`: a no-op if it already ended; else SIGTERM to the child only,
+    /// up to `policy.grace` for it to end (said in the log at the start and every
+    /// `report_every`), then SIGKILL if allowed and the child is not protected, else it is left
+    /// running.
+    pub fn stop(&self, policy: &StopPolicy) -> Result<StopOutcome, SignalError> {
         let (name, pid) = (&self.name, self.pid);
         {
             let mut st = self.lock();
@@ -355,36 +429,57 @@ impl Child {
             self.signal_locked(&mut st, libc::SIGTERM)?;
         }
         let start = Instant::now();
-        tracing::info!(
-            pid,
-            "{name} pid {pid}: SIGTERM sent, grace {} s",
-            grace.as_secs()
-        );
-        if let Some(ending) = self.wait_timeout(grace) {
-            return Ok(StopOutcome::Ended {
-                ending,
-                after: start.elapsed(),
-            });
+        // Asked before the grace: a holder may close the device while it shuts down, and must
+        // still not be killed for having been slow about it.
+        let holds = policy.never_kill.protects(pid);
+        let holder = if holds { " (holds the NPU)" } else { "" };
+        tracing::info!(pid, "{name} pid {pid}{holder}: SIGTERM sent");
+        let deadline = start + policy.grace;
+        let every = policy.report_every.max(POLL);
+        let mut first = true;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+            if first {
+                tracing::info!(
+                    pid,
+                    "waiting for {name} pid {pid}{holder} to exit: {secs} s of grace left"
+                );
+            } else {
+                tracing::warn!(
+                    pid,
+                    "still waiting for {name} pid {pid}{holder} to exit: {secs} s of grace left"
+                );
+            }
+            first = false;
+            if let Some(ending) = self.wait_timeout(left.min(every)) {
+                return Ok(StopOutcome::Ended {
+                    ending,
+                    after: start.elapsed(),
+                });
+            }
         }
-        if holds_npu {
+        let grace = policy.grace.as_secs();
+        if holds || policy.never_kill.protects(pid) {
             tracing::error!(
                 pid,
-                "{name} pid {pid} did not end within {} s of SIGTERM and holds /dev/accel/accel0: \
+                "{name} pid {pid} did not end within {grace} s of SIGTERM and holds /dev/accel/accel0: \
                  NOT sending SIGKILL (the amdxdna close path after SIGKILL has left driver errors \
                  and once panicked the machine); leaving it running — check it with \
-                 `ls -l /proc/{pid}/fd`, end it with `kill -TERM {pid}` once it is idle",
-                grace.as_secs()
+                 `ls -l /proc/{pid}/fd`, end it with `kill -TERM {pid}` once it is idle"
             );
             return Ok(StopOutcome::LeftRunning {
                 pid,
                 holds_npu: true,
             });
         }
-        if !allow_kill {
+        if !policy.allow_kill {
             tracing::warn!(
                 pid,
-                "{name} pid {pid} did not end within {} s of SIGTERM; leaving it running",
-                grace.as_secs()
+                "{name} pid {pid} did not end within {grace} s of SIGTERM; leaving it running"
             );
             return Ok(StopOutcome::LeftRunning {
                 pid,
@@ -403,8 +498,7 @@ impl Child {
         }
         tracing::warn!(
             pid,
-            "{name} pid {pid} did not end within {} s of SIGTERM: SIGKILL sent",
-            grace.as_secs()
+            "{name} pid {pid} did not end within {grace} s of SIGTERM: SIGKILL sent"
         );
         Ok(StopOutcome::Killed(self.wait_timeout(KILL_REAP_TIMEOUT)))
     }
@@ -453,54 +547,6 @@ impl Drop for Child {
             );
         }
     }
-}
-
-/// Whether process `pid` has the NPU's accel node open: a symlink in `<proc>/<pid>/fd` that names
-/// [`SystemRoots::accel_node`], or an fd on the same file or the same character device.
-/// Errors when the fd directory cannot be read (no such process, or not ours to look at).
-pub fn holds_accel(pid: u32, roots: &SystemRoots) -> Result<bool, NpuError> {
-    Ok(!accel_fds(pid, roots)?.is_empty())
-}
-
-/// The fds of `pid` that point at the accel node.
-pub fn accel_fds(pid: u32, roots: &SystemRoots) -> Result<Vec<u32>, NpuError> {
-    let dir = roots.proc_fd_dir(pid);
-    let node = roots.accel_node();
-    let node_meta = fs::metadata(&node).ok();
-    let entries = fs::read_dir(&dir).map_err(|e| NpuError::io(&dir, e))?;
-    let mut fds = Vec::new();
-    for entry in entries {
-        // An fd closed between readdir and readlink is simply gone.
-        let Ok(entry) = entry else { continue };
-        let Some(n) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let fd = entry.path();
-        let Ok(target) = fs::read_link(&fd) else {
-            continue;
-        };
-        if target == node {
-            fds.push(n);
-            continue;
-        }
-        // Same node under another name (a symlinked /dev path, a bind mount): compare what the
-        // fd points at. stat() on a /proc fd link does not open anything.
-        if let (Some(nm), Ok(m)) = (&node_meta, fs::metadata(&fd)) {
-            let same_file = m.dev() == nm.dev() && m.ino() == nm.ino();
-            let same_chardev = nm.file_type().is_char_device()
-                && m.file_type().is_char_device()
-                && m.rdev() == nm.rdev();
-            if same_file || same_chardev {
-                fds.push(n);
-            }
-        }
-    }
-    fds.sort_unstable();
-    Ok(fds)
 }
 
 #[cfg(test)]
@@ -553,6 +599,76 @@ mod tests {
         assert_eq!(
             StopOutcome::AlreadyEnded(Ending::Exit(3)).to_string(),
             "already ended (exit 3)"
+        );
+    }
+
+    /// Collects what the code under test logs on this thread.
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Capture {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stop_in_its_grace_says_what_it_waits_for_at_the_start_and_then_periodically() {
+        let child = Child::spawn(Command::new("sleep").arg("1000"), "worker").expect("spawn");
+        // Stopped, so SIGTERM stays pending and the whole grace runs.
+        assert!(child.signal(libc::SIGSTOP).expect("SIGSTOP"));
+        let pid = child.pid();
+        // The kernel has no notification for "stopped"; poll /proc, bounded.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
+        }) {
+            assert!(Instant::now() < deadline, "pid {pid} never stopped");
+            thread::sleep(Duration::from_millis(2));
+        }
+        let log = Capture::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let policy = StopPolicy {
+            grace: Duration::from_millis(900),
+            allow_kill: true,
+            never_kill: NeverKill::Anyone,
+            report_every: Duration::from_millis(200),
+        };
+        let outcome =
+            tracing::subscriber::with_default(subscriber, || child.stop(&policy)).expect("stop");
+        assert_eq!(
+            outcome,
+            StopOutcome::LeftRunning {
+                pid,
+                holds_npu: true
+            }
+        );
+        let text = String::from_utf8_lossy(&log.0.lock().expect("log")).into_owned();
+        assert!(
+            text.contains(&format!(
+                "waiting for worker pid {pid} (holds the NPU) to exit: 1 s of grace left"
+            )),
+            "{text}"
+        );
+        let periodic = text.matches("still waiting for worker pid").count();
+        assert!((3..=5).contains(&periodic), "{periodic} reports:\n{text}");
+        assert!(text.contains("NOT sending SIGKILL"), "{text}");
+        assert!(child.signal(libc::SIGKILL).expect("SIGKILL"));
+        assert_eq!(
+            child.wait_timeout(Duration::from_secs(10)),
+            Some(Ending::Signal(libc::SIGKILL))
         );
     }
 }
