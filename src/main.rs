@@ -196,10 +196,15 @@ enum Cmd {
         #[command(flatten)]
         args: BenchArgs,
     },
-    /// Check this machine for the NPU route's known blockers (PASS/WARN/FAIL per check).
+    /// Check this machine for the NPU route's known blockers (PASS/WARN/FAIL/SKIP per check).
     Doctor {
         #[arg(long)]
         json: bool,
+        /// Also run `npu probe` on this package (settings from the environment, as `npu probe`
+        /// takes them) for the residency line: PASS only when residency is proven. Without it
+        /// that line is SKIP: the doctor starts nothing on the NPU unless asked.
+        #[arg(long, value_name = "PKG")]
+        model: Option<PathBuf>,
     },
     /// The NPU route: `npu probe` sets the RyzenAI session up exactly as --device npu does and
     /// reports what it observed.
@@ -814,8 +819,8 @@ fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
     Ok(())
 }
 
-fn npu_probe(model: &ModelArgs, json: bool) -> Result<()> {
-    use onebit_tts::engine::worker::probe;
+/// The worker `npu probe` starts: the package's session set up exactly as --device npu does.
+fn probe_config(model: &ModelArgs) -> Result<onebit_tts::engine::WorkerConfig> {
     use onebit_tts::engine::{Device, OrtOptions, WorkerConfig};
     let cfg = synth_config(model);
     let pkg = onebit_tts::package::BackbonePackage::load(&cfg.package_dir)?;
@@ -832,7 +837,52 @@ fn npu_probe(model: &ModelArgs, json: bool) -> Result<()> {
     )?;
     wcfg.ep_library = cfg.ep_library.clone();
     wcfg.timeouts = cfg.worker_timeouts;
-    let report = probe::probe(wcfg);
+    Ok(wcfg)
+}
+
+/// `doctor [--model PKG]`: with a package, `npu probe` runs first so that the residency line
+/// is measured rather than skipped.
+fn doctor_cmd(json: bool, model: Option<PathBuf>) -> Result<()> {
+    use onebit_tts::npu::doctor::{self, DoctorInputs, Probed, RealHost};
+    let mut inputs = DoctorInputs::from_process();
+    if let Some(pkg) = model {
+        /// The model options with everything but --model from the environment.
+        #[derive(Parser)]
+        struct FromEnv {
+            #[command(flatten)]
+            model: ModelArgs,
+        }
+        let args = ModelArgs {
+            model: Some(pkg),
+            ..FromEnv::try_parse_from(["onebit-tts"])?.model
+        };
+        // A package that cannot even be read is a failed setup, reported on the
+        // residency line with the rest of the report.
+        let residency = match probe_config(&args) {
+            Ok(cfg) => onebit_tts::engine::worker::probe::probe(cfg).residency,
+            Err(e) => onebit_tts::npu::Residency::failed(format!("{e:#}")),
+        };
+        inputs.probed = Some(Probed {
+            package: synth_config(&args).package_dir.display().to_string(),
+            residency,
+        });
+    }
+    let report = doctor::run(&inputs, &RealHost::default());
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+    if report.exit_code() == 0 {
+        Ok(())
+    } else {
+        Err(Silent.into())
+    }
+}
+
+fn npu_probe(model: &ModelArgs, json: bool) -> Result<()> {
+    use onebit_tts::engine::worker::probe;
+    let report = probe::probe(probe_config(model)?);
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -897,20 +947,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Npu {
             cmd: NpuCmd::Probe { model, json },
         } => npu_probe(&model, json),
-        Cmd::Doctor { json } => {
-            use onebit_tts::npu::doctor::{self, DoctorInputs, RealHost};
-            let report = doctor::run(&DoctorInputs::from_process(), &RealHost::default());
-            if json {
-                println!("{}", report.to_json());
-            } else {
-                print!("{}", report.to_text());
-            }
-            if report.exit_code() == 0 {
-                Ok(())
-            } else {
-                Err(Silent.into())
-            }
-        }
+        Cmd::Doctor { json, model } => doctor_cmd(json, model),
         Cmd::Prompt {
             model,
             generation,

@@ -241,12 +241,17 @@ fn fake_system(t: &TempDir) -> DoctorInputs {
     write(&venv.join("deployment/lib/libonnxruntime-genai.so"), "");
     write(&venv.join("deployment/lib").join(PROVIDER_FILE), "");
     write(&venv.join("pyvenv.cfg"), "version = 3.12.10\n");
+    write(
+        &venv.join("lib/python3.12/site-packages/onnxruntime-1.24.4.dist-info/METADATA"),
+        "Name: onnxruntime\nVersion: 1.24.4\n",
+    );
     DoctorInputs {
         roots,
         ryzenai_root: Some(venv),
         xrt_root_knob: Some(xrt),
         xilinx_xrt: None,
         worker_exe: Some(t.0.join("bin/onebit-tts")),
+        probed: None,
     }
 }
 
@@ -273,14 +278,22 @@ fn doctor_passes_a_ready_box() {
     let inputs = fake_system(&t);
     let report = doctor::run(&inputs, &render_user(&inputs));
     let text = report.to_text();
+    // Everything passes but residency, which only a probe can prove.
     assert!(
-        report.checks.iter().all(|c| c.status == Status::Pass),
+        report
+            .checks
+            .iter()
+            .all(|c| c.status == Status::Pass || c.name == "residency"),
         "{text}"
     );
     assert_eq!(report.exit_code(), 0);
     assert!(text.contains("PASS  XRT: 2.20.0 at "), "{text}");
     assert!(
-        text.ends_with("npu doctor: 16 pass, 0 warn, 0 fail\n"),
+        text.contains("SKIP  residency: not measured by doctor"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("npu doctor: 17 pass, 0 warn, 0 fail, 1 skip\n"),
         "{text}"
     );
 }
@@ -674,4 +687,221 @@ fn sigterm_goes_to_the_child_only_not_its_group() {
         .stop(&policy(Duration::from_secs(10), false, false))
         .expect("stop");
     assert_eq!(outcome.ending(), Some(Ending::Signal(libc::SIGTERM)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// scripts/npu-check.sh: the lock, the kernel log window and the report, with the real doctor,
+// a fake `npu probe`, a fake dmesg and no server (SERVE=0). Nothing sleeps: the lock is held by
+// a `flock` child the test controls, and the script's own output says when it is waiting.
+
+fn write_exe(p: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    write(p, text);
+    fs::set_permissions(p, fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+/// A temp dir with `bin/` (fake dmesg, journalctl and an onebit-tts that is the real binary
+/// except for `npu probe`), the kernel log file and the lock path.
+struct CheckBox {
+    t: TempDir,
+}
+
+impl CheckBox {
+    fn new(tag: &str) -> CheckBox {
+        let t = TempDir::new(tag);
+        let bin = t.0.join("bin");
+        let real = env!("CARGO_BIN_EXE_onebit-tts");
+        // The probe adds kernel lines while it runs, as a real one would: they are the window.
+        write_exe(
+            &bin.join("onebit-tts"),
+            &format!(
+                r#"#!/usr/bin/env bash
+if [ "$1" = npu ] && [ "$2" = probe ]; then
+    {{
+        echo '[  101.0] amdxdna 0000:c5:00.1: aie2_tdr_work: TDR timeout, ctx 3'
+        echo '[  101.1] AMD-Vi: Event logged [IO_PAGE_FAULT device=0000:c5:00.1 domain=0x0 address=0x0]'
+        echo '[  101.2] usb 1-1: device descriptor read/64, error -71'
+        echo '[  101.3] audit: "quoted" \back\slash	tab'
+    }} >>"$FAKE_DMESG"
+    printf '{{\n  "package": "%s",\n  "residency": {{"state": "proven", "reasons": ["fake probe"]}}\n}}\n' "$5"
+    exit 0
+fi
+exec {real} "$@"
+"#
+            ),
+        );
+        write_exe(&bin.join("dmesg"), "#!/bin/sh\nexec cat \"$FAKE_DMESG\"\n");
+        write_exe(&bin.join("journalctl"), "#!/bin/sh\nexit 1\n");
+        write(
+            &t.0.join("dmesg.txt"),
+            "[    1.0] amdxdna 0000:c5:00.1: boot-time failure before the run\n",
+        );
+        CheckBox { t }
+    }
+
+    fn lock(&self) -> PathBuf {
+        self.t.0.join("npu-check.lock")
+    }
+
+    fn report(&self) -> PathBuf {
+        self.t.0.join("report.json")
+    }
+
+    fn script(&self, lock_wait: &str) -> Command {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut cmd = Command::new("bash");
+        let path = format!(
+            "{}:{}",
+            self.t.0.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        cmd.arg(root.join("scripts/npu-check.sh"))
+            .env("PATH", path)
+            .env("FAKE_DMESG", self.t.0.join("dmesg.txt"))
+            .env("MODEL", self.t.0.join("pkg"))
+            .env("NO_BUILD", "1")
+            .env("SERVE", "0")
+            .env("BIN", self.t.0.join("bin/onebit-tts"))
+            .env("NPU_CHECK_LOCK", self.lock())
+            .env("LOCK_WAIT", lock_wait)
+            .env("REPORT", self.report())
+            .env("TMPDIR", &self.t.0)
+            .env_remove("ONEBIT_RYZENAI_ROOT")
+            .env_remove("ONEBIT_XRT_ROOT")
+            .env_remove("XILINX_XRT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// `flock` holding the lock until its stdin closes; returns once it holds it.
+    fn hold_lock(&self) -> std::process::Child {
+        let mut holder = Command::new("flock")
+            .arg(self.lock())
+            .args(["sh", "-c", "echo held; exec cat >/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("flock");
+        let mut line = String::new();
+        BufReader::new(holder.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        assert_eq!(line, "held\n");
+        holder
+    }
+}
+
+#[test]
+fn npu_check_is_busy_while_another_check_holds_the_lock() {
+    let b = CheckBox::new("check-busy");
+    let mut holder = b.hold_lock();
+    let out = b.script("0").output().expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("busy: another check holds"), "{stderr}");
+    assert!(stderr.contains("LOCK_WAIT"), "{stderr}");
+    assert!(!b.report().exists(), "a refused run writes no report");
+    drop(holder.stdin.take());
+    assert!(holder.wait().expect("wait").success());
+}
+
+#[test]
+fn npu_check_waits_for_the_lock_then_reports_the_run() {
+    let b = CheckBox::new("check-wait");
+    let mut holder = b.hold_lock();
+    let mut run = b.script("600").spawn().expect("spawn");
+    let mut stdout = BufReader::new(run.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("read");
+    assert!(
+        first.starts_with("npu-check: waiting up to 600s for "),
+        "{first}"
+    );
+    // The lock goes; the waiting run goes on by itself.
+    drop(holder.stdin.take());
+    assert!(holder.wait().expect("wait").success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).expect("read");
+    let status = run.wait().expect("wait");
+    let mut stderr = String::new();
+    if let Some(mut e) = run.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut stderr).expect("stderr");
+    }
+    // The TDR timeout and the IOMMU fault in the run's window fail the kernel-log criterion.
+    assert_eq!(status.code(), Some(1), "{rest}\n{stderr}");
+    assert!(
+        rest.contains("PASS  probe: npu probe: residency proven (exit 0)"),
+        "{rest}"
+    );
+    assert!(
+        rest.contains("FAIL  kernel log: 2 failure line(s)"),
+        "{rest}"
+    );
+
+    let text = fs::read_to_string(b.report()).expect("report");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("the report is JSON");
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["exit_code"], 1);
+    assert_eq!(v["serve"], false);
+    // The probe's own JSON, whole, with its exit code.
+    assert_eq!(v["probe"]["exit_code"], 0);
+    assert_eq!(v["probe"]["report"]["residency"]["state"], "proven");
+    assert_eq!(
+        v["probe"]["report"]["package"],
+        b.t.0.join("pkg").display().to_string()
+    );
+    // The real doctor's JSON with its exit code; without --model it never claims residency.
+    let doctor_ok = v["doctor"]["report"]["ok"].as_bool().expect("doctor ok");
+    assert_eq!(v["doctor"]["exit_code"], i32::from(!doctor_ok), "{text}");
+    let checks = v["doctor"]["report"]["checks"].as_array().expect("checks");
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["name"] == "residency" && c["status"] == "SKIP"),
+        "{text}"
+    );
+    assert!(
+        v["versions"]["onebit_tts"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("onebit-tts ")),
+        "{text}"
+    );
+    // The window is the run's lines only (not the boot line), every one of them, verbatim.
+    let lines: Vec<&str> = v["kernel_log"]["lines"]
+        .as_array()
+        .expect("lines")
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect();
+    assert_eq!(v["kernel_log"]["source"], "dmesg");
+    assert_eq!(lines.len(), 4, "{text}");
+    assert_eq!(lines[3], "[  101.3] audit: \"quoted\" \\back\\slash\ttab");
+    let flagged = v["kernel_log"]["flagged"].as_array().expect("flagged");
+    assert_eq!(flagged.len(), 2, "{text}");
+    assert!(
+        flagged[0]
+            .as_str()
+            .is_some_and(|l| l.contains("TDR timeout"))
+    );
+    assert!(
+        flagged[1]
+            .as_str()
+            .is_some_and(|l| l.contains("IO_PAGE_FAULT"))
+    );
+    let other = v["kernel_log"]["other"].as_array().expect("other");
+    assert_eq!(other.len(), 1, "{text}");
+    assert!(other[0].as_str().is_some_and(|l| l.contains("usb 1-1")));
+    let criteria = v["criteria"].as_array().expect("criteria");
+    let status_of = |name: &str| {
+        criteria
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["status"].as_str().unwrap_or("").to_string())
+    };
+    assert_eq!(status_of("probe").as_deref(), Some("PASS"));
+    assert_eq!(status_of("kernel log").as_deref(), Some("FAIL"));
+    assert_eq!(status_of("kernel log (other)").as_deref(), Some("WARN"));
+    assert_eq!(status_of("health"), None, "SERVE=0 starts no server");
 }

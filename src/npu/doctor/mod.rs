@@ -1,5 +1,6 @@
-//! `onebit-tts doctor` for the NPU route: one PASS/WARN/FAIL line per Linux NPU blocker named
-//! in the reference, each WARN/FAIL with its fix in one line.
+//! `onebit-tts doctor` for the NPU route: one PASS/WARN/FAIL/SKIP line per Linux NPU blocker
+//! named in the reference, each WARN/FAIL with its fix in one line. A check with nothing to look
+//! at is SKIP (with why), never PASS; residency is PASS only when a probe proved it.
 //!
 //! Every file is read through [`SystemRoots`] and the venv/XRT paths given in
 //! [`DoctorInputs`]; everything else (ids, memlock, kernel log, xrt-smi, access(2)) comes from a
@@ -21,7 +22,9 @@ pub use report::{Check, Report, Status};
 
 use super::PROVIDER_FILE;
 use super::env::{self, EnvInputs, EnvPlan};
+use super::residency::{Residency, ResidencyState};
 use super::roots::SystemRoots;
+use crate::runtime;
 use parse::XrtSmi;
 
 pub const NPU_VENDOR_ID: u16 = 0x1022;
@@ -51,7 +54,34 @@ pub mod names {
     pub const FW_VERSION: &str = "NPU firmware version";
     pub const DRM_VERSION: &str = "amdxdna DRM version";
     pub const KERNEL_LOG: &str = "kernel log";
+    pub const VENV_RUNTIME: &str = "venv ONNX Runtime";
+    pub const RESIDENCY: &str = "residency";
 }
+
+/// The firmware directory amdxdna requests for each (PCI device, revision) it binds, under the
+/// firmware search path. From Linux drivers/accel/amdxdna/amdxdna_pci_drv.c `amdxdna_ids`
+/// (torvalds/linux 063db451, 2025) and each npuN_regs.c `fw_path`: rev 0x00 is npu2, 0x10 npu4,
+/// 0x11 npu5 (Strix Halo), 0x20 npu6, and npu6 requests 17f0_10, not 17f0_20 (MODULE_FIRMWARE
+/// lists a 17f0_20 that no fw_path uses).
+pub const FIRMWARE_DIRS: &[(u16, u8, &str)] = &[
+    (OLD_NPU_DEVICE_ID, 0x00, "1502_00"),
+    (NPU_DEVICE_ID, 0x00, "17f0_00"),
+    (NPU_DEVICE_ID, 0x10, "17f0_10"),
+    (NPU_DEVICE_ID, 0x11, "17f0_11"),
+    (NPU_DEVICE_ID, 0x20, "17f0_10"),
+];
+
+/// The file names amdxdna requests in that directory, in its order. Before 2026 the driver
+/// requested `npu.sbin` only; "accel/amdxdna: ... npu_7.sbin" (Lizhi Hou, dri-devel 2026-02-25,
+/// Fixes f1eac46fe5f7) made aie2_init() try `npu_7.sbin` (protocol-7 firmware) first and fall
+/// back to `npu.sbin`, because a legacy driver given the newest firmware powered the NPU off.
+pub const FIRMWARE_NAMES: &[&str] = &["npu_7.sbin", "npu.sbin"];
+/// The name every driver version requests.
+const FIRMWARE_LEGACY: &str = "npu.sbin";
+
+/// request_firmware() also finds `<name>.zst` / `<name>.xz` when the kernel has
+/// CONFIG_FW_LOADER_COMPRESS_ZSTD / _XZ (distributions ship the amdnpu files compressed).
+pub const FIRMWARE_SUFFIXES: &[&str] = &["", ".zst", ".xz"];
 
 /// Kernel log lines of known failures: (text to find, what it means, the fix).
 pub const KNOWN_KERNEL_FAILURES: &[(&str, &str, &str)] = &[
@@ -82,6 +112,12 @@ pub const KNOWN_KERNEL_FAILURES: &[(&str, &str, &str)] = &[
         "the device failed to resume while a holder closed it (seen after SIGKILL)",
         "reboot before trusting the NPU again; never SIGKILL the worker",
     ),
+    (
+        "Unknown symbol",
+        "the amdxdna module was built for another kernel and did not load",
+        "a DKMS/out-of-tree amdxdna left over after a kernel upgrade: rebuild it for this kernel \
+         (sudo dkms autoinstall) or remove it so the in-tree module loads, then reboot",
+    ),
 ];
 
 /// What the doctor checks besides the system trees.
@@ -96,6 +132,15 @@ pub struct DoctorInputs {
     pub xilinx_xrt: Option<PathBuf>,
     /// The worker executable (a provider copy beside it wins over the venv's).
     pub worker_exe: Option<PathBuf>,
+    /// Residency as a probe measured it (`doctor --model PKG`); None: not measured.
+    pub probed: Option<Probed>,
+}
+
+/// What `npu probe` found for one package.
+#[derive(Debug, Clone)]
+pub struct Probed {
+    pub package: String,
+    pub residency: Residency,
 }
 
 impl DoctorInputs {
@@ -109,12 +154,13 @@ impl DoctorInputs {
             xrt_root_knob: e.xrt_root_knob,
             xilinx_xrt: e.xilinx_xrt,
             worker_exe: (!worker.as_os_str().is_empty()).then_some(worker),
+            probed: None,
         }
     }
 }
 
 /// Runs every check, in the order a fix would go (driver, device, access, limits, XRT, venv,
-/// versions, kernel log).
+/// versions, kernel log, residency).
 pub fn run(inputs: &DoctorInputs, host: &dyn Host) -> Report {
     let mut d = Doctor {
         i: inputs,
@@ -132,13 +178,52 @@ pub fn run(inputs: &DoctorInputs, host: &dyn Host) -> Report {
         d.python();
         d.provider();
         d.stale_xrt();
+        d.venv_runtime();
         d.worker_env();
     }
     let log = host.kernel_log();
     d.firmware_version(pci.as_ref(), smi.as_ref());
     d.drm_version(log.as_ref().ok().map(String::as_str));
-    d.kernel_log(log);
+    d.kernel_log(log, module_loaded);
+    d.push(residency_check(inputs.probed.as_ref()));
     Report { checks: d.checks }
+}
+
+/// The residency line: PASS only for residency a probe proved; FAIL with the probe's reasons
+/// otherwise; SKIP when nothing was measured (the doctor alone has no model to run).
+pub fn residency_check(probed: Option<&Probed>) -> Check {
+    let Some(p) = probed else {
+        return Check::skip(
+            names::RESIDENCY,
+            "not measured by doctor",
+            "run `onebit-tts npu probe --model PKG` (or `onebit-tts doctor --model PKG`)",
+        );
+    };
+    let reasons = if p.residency.reasons.is_empty() {
+        "no reason given".to_string()
+    } else {
+        p.residency.reasons.join("; ")
+    };
+    let detail = format!(
+        "{} for {}: {reasons}",
+        p.residency.state.as_str(),
+        p.package
+    );
+    match p.residency.state {
+        ResidencyState::Proven => Check::pass(names::RESIDENCY, detail),
+        ResidencyState::Unproven => Check::fail(
+            names::RESIDENCY,
+            detail,
+            "the session ran but the NPU did not take the model: see the probe's node placement \
+             (`onebit-tts npu probe --model PKG`) and the provider's log",
+        ),
+        ResidencyState::Failed => Check::fail(
+            names::RESIDENCY,
+            detail,
+            "the NPU session could not be set up: fix the FAILs above first, then rerun with \
+             --model PKG",
+        ),
+    }
 }
 
 struct Doctor<'a> {
@@ -156,6 +241,22 @@ struct Pci {
 
 fn read(path: &Path) -> io::Result<String> {
     fs::read_to_string(path)
+}
+
+/// The firmware directory amdxdna requests for a device and revision ([`FIRMWARE_DIRS`]).
+pub fn firmware_dir(device: u16, revision: u8) -> Option<&'static str> {
+    FIRMWARE_DIRS
+        .iter()
+        .find(|(d, r, _)| *d == device && *r == revision)
+        .map(|(_, _, dir)| *dir)
+}
+
+/// A requested firmware name as the loader may find it: plain or compressed.
+fn firmware_file_names(name: &str) -> Vec<String> {
+    FIRMWARE_SUFFIXES
+        .iter()
+        .map(|sfx| format!("{name}{sfx}"))
+        .collect()
 }
 
 fn hex_u16(s: &str) -> Option<u16> {
@@ -311,50 +412,115 @@ impl Doctor<'_> {
         Some(pci)
     }
 
+    /// The firmware file amdxdna will request for this device: the directory from its device
+    /// table, the names it tries, with the suffixes the firmware loader also accepts. A file that
+    /// is not one of those names (a versioned blob without its `npu.sbin` link, a `.bak`) does
+    /// not count, nor does a dangling symlink.
     fn firmware_file(&mut self, pci: Option<&Pci>) {
-        // The driver asks for amdnpu/<device>_<revision>/npu*.sbin; without the revision any
-        // 17f0_* directory is accepted.
-        let wanted = pci
-            .and_then(|p| p.revision)
-            .map(|r| format!("{NPU_DEVICE_ID:04x}_{r:02x}"));
-        let shown = wanted
-            .clone()
-            .unwrap_or_else(|| format!("{NPU_DEVICE_ID:04x}_*"));
-        let is_fw =
-            |n: &str| n.starts_with("npu") && (n.ends_with(".sbin") || n.contains(".sbin."));
-        let dirs = self.roots().firmware_dirs();
-        for base in &dirs {
-            let amdnpu = base.join("amdnpu");
-            let ids: Vec<String> = match &wanted {
-                Some(w) => vec![w.clone()],
-                None => files_starting(&amdnpu, &format!("{NPU_DEVICE_ID:04x}_")),
-            };
-            for id in ids {
-                if let Some(f) = files_starting(&amdnpu.join(&id), "npu")
-                    .into_iter()
-                    .find(|n| is_fw(n))
-                {
-                    self.push(Check::pass(
+        let Some(pci) = pci else {
+            self.push(Check::skip(
+                names::FIRMWARE_FILE,
+                "no Strix-class NPU found (see the PCI line): the file amdxdna requests depends \
+                 on the device's revision",
+                "fix the PCI line first",
+            ));
+            return;
+        };
+        let dirs: Vec<&str> = match pci.revision {
+            Some(rev) => {
+                let Some(dir) = firmware_dir(NPU_DEVICE_ID, rev) else {
+                    self.push(Check::warn(
                         names::FIRMWARE_FILE,
-                        format!("amdnpu/{id}/{f} in {}", base.display()),
+                        format!(
+                            "1022:17f0 rev 0x{rev:02x} is not in amdxdna's device table as this \
+                             doctor knows it (revisions 0x00, 0x10, 0x11, 0x20)"
+                        ),
+                        "if amdxdna did not bind (see the PCI line), this kernel's driver does not \
+                         know the device: boot a newer kernel",
                     ));
                     return;
+                };
+                vec![dir]
+            }
+            // Revision unreadable: any directory the driver could request for this device.
+            None => {
+                let mut v: Vec<&str> = FIRMWARE_DIRS
+                    .iter()
+                    .filter(|(dev, _, _)| *dev == NPU_DEVICE_ID)
+                    .map(|(_, _, d)| *d)
+                    .collect();
+                v.dedup();
+                v
+            }
+        };
+        let bases = self.roots().firmware_dirs();
+        // The first base directory that has a file the driver requests wins, as in the
+        // firmware loader's search.
+        let mut found: Vec<(String, &PathBuf)> = Vec::new();
+        'search: for base in &bases {
+            for dir in &dirs {
+                let in_dir: Vec<String> = FIRMWARE_NAMES
+                    .iter()
+                    .flat_map(|n| firmware_file_names(n))
+                    .map(|f| format!("amdnpu/{dir}/{f}"))
+                    .filter(|rel| base.join(rel).is_file())
+                    .collect();
+                if !in_dir.is_empty() {
+                    found = in_dir.into_iter().map(|f| (f, base)).collect();
+                    break 'search;
                 }
             }
         }
-        self.push(Check::fail(
-            names::FIRMWARE_FILE,
-            format!(
-                "no amdnpu/{shown}/npu*.sbin under {}",
-                dirs.last()
-                    .map(|d| d.display().to_string())
-                    .unwrap_or_default()
-            ),
-            format!(
-                "install a linux-firmware release that has amdnpu/{shown}/ (or copy that folder \
-                 from linux-firmware.git into /lib/firmware/amdnpu/), then reboot"
-            ),
-        ));
+        let rev = pci
+            .revision
+            .map_or("revision unknown".to_string(), |r| format!("rev 0x{r:02x}"));
+        let names_shown = format!("{{{}}}[.zst|.xz]", FIRMWARE_NAMES.join(","));
+        let Some((_, base)) = found.first() else {
+            let shown: Vec<String> = dirs
+                .iter()
+                .map(|d| format!("amdnpu/{d}/{names_shown}"))
+                .collect();
+            self.push(Check::fail(
+                names::FIRMWARE_FILE,
+                format!(
+                    "none of {} under {} (what amdxdna requests for 1022:17f0 {rev})",
+                    shown.join(" or "),
+                    bases
+                        .iter()
+                        .map(|b| b.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+                format!(
+                    "install a linux-firmware release that has amdnpu/{}/ (or copy that folder from \
+                     linux-firmware.git into /lib/firmware/amdnpu/); a versioned npu.sbin.<ver> \
+                     needs its npu.sbin link; then reboot",
+                    dirs.first().copied().unwrap_or("17f0_11")
+                ),
+            ));
+            return;
+        };
+        let has_legacy = found.iter().any(|(f, _)| {
+            f.rsplit('/')
+                .next()
+                .is_some_and(|n| firmware_file_names(FIRMWARE_LEGACY).iter().any(|w| w == n))
+        });
+        let list: Vec<&str> = found.iter().map(|(f, _)| f.as_str()).collect();
+        let detail = format!(
+            "{} in {} (requested by amdxdna for 1022:17f0 {rev})",
+            list.join(", "),
+            base.display()
+        );
+        if has_legacy {
+            self.push(Check::pass(names::FIRMWARE_FILE, detail));
+        } else {
+            self.push(Check::warn(
+                names::FIRMWARE_FILE,
+                format!("{detail}: only npu_7.sbin (protocol-7 firmware), no npu.sbin"),
+                "drivers without the npu_7.sbin fallback (before 2026) request npu.sbin only: \
+                 if amdxdna fails to load firmware, install the npu.sbin that matches this kernel",
+            ));
+        }
     }
 
     fn accel(&mut self, module_loaded: bool) {
@@ -490,15 +656,22 @@ impl Doctor<'_> {
                 ..
             }) => self.push(Check::pass(names::MEMLOCK, "unlimited")),
             Ok(Memlock { soft, hard }) => {
+                // The soft limit is what the worker gets; the hard one says whether a plain
+                // `ulimit -l` can lift it or the limit must be raised where it is set.
                 let fix = if hard == Limit::Unlimited {
-                    "ulimit -l unlimited before starting (systemd: LimitMEMLOCK=infinity)"
+                    "ulimit -l unlimited in the shell that starts onebit-tts; systemd: \
+                     LimitMEMLOCK=infinity; docker/podman: --ulimit memlock=-1"
                 } else {
-                    "raise it: '* - memlock unlimited' in /etc/security/limits.d/, \
-                     systemd LimitMEMLOCK=infinity, docker/podman --ulimit memlock=-1"
+                    "the hard limit blocks `ulimit -l unlimited`: add '* - memlock unlimited' to \
+                     /etc/security/limits.d/ and log in again; systemd: LimitMEMLOCK=infinity; \
+                     docker/podman: --ulimit memlock=-1"
                 };
                 self.push(Check::fail(
                     names::MEMLOCK,
-                    format!("soft {soft}, hard {hard}: NPU buffer mapping needs unlimited"),
+                    format!(
+                        "soft {soft}, hard {hard}: amdxdna maps NPU buffers as locked memory and \
+                         needs unlimited (the usual 8 MiB default makes device mapping fail)"
+                    ),
                     fix,
                 ));
             }
@@ -565,17 +738,25 @@ impl Doctor<'_> {
             ));
             return None;
         }
-        let coreutil = files_starting(&lib, "libxrt_coreutil.so");
-        let shim = files_starting(&lib, "libxrt_driver_xdna.so");
+        // A name alone is not a library: a dangling symlink (a half-removed install) or a
+        // directory would pass a listing but not the loader.
+        let real = |prefix: &str| -> Vec<String> {
+            files_starting(&lib, prefix)
+                .into_iter()
+                .filter(|n| lib.join(n).is_file())
+                .collect()
+        };
+        let coreutil = real("libxrt_coreutil.so");
+        let shim = real("libxrt_driver_xdna.so");
         if coreutil.is_empty() || shim.is_empty() {
             let missing = if coreutil.is_empty() {
-                "libxrt_coreutil.so"
+                "libxrt_coreutil.so* (a loadable file)"
             } else {
-                "libxrt_driver_xdna.so (the NPU shim from the amdxdna plugin deb)"
+                "libxrt_driver_xdna.so* (a loadable file: the NPU shim from the amdxdna plugin deb)"
             };
             self.push(Check::fail(
                 names::XRT,
-                format!("XRT at {where_} has no {missing}"),
+                format!("XRT at {where_} has no {missing} in {}", lib.display()),
                 fix_install,
             ));
             return None;
@@ -893,21 +1074,34 @@ impl Doctor<'_> {
         }
     }
 
-    fn kernel_log(&mut self, log: Result<String, super::NpuError>) {
+    /// Known failures each get a FAIL line; any other NPU-driver line that says
+    /// fail/error/timeout is a WARN. PASS needs driver lines to have been read: with amdxdna not
+    /// loaded, or no driver line left in the log, there is nothing to vouch for (SKIP), unless
+    /// a failure (a module that could not load) is there.
+    fn kernel_log(&mut self, log: Result<String, super::NpuError>, module_loaded: bool) {
         let log = match log {
             Ok(l) => l,
             Err(e) => {
                 self.push(Check::warn(
                     names::KERNEL_LOG,
                     format!("not readable: {e}"),
-                    "sudo dmesg | grep -E 'amdxdna|aie2' (kernel.dmesg_restrict blocks users)",
+                    "sudo dmesg | grep -iE 'xdna|aie2' (kernel.dmesg_restrict blocks users)",
                 ));
                 return;
             }
         };
+        let ours: Vec<&str> = log
+            .lines()
+            .filter(|l| parse::is_npu_driver_line(l))
+            .collect();
+        let known = |l: &str| KNOWN_KERNEL_FAILURES.iter().any(|(p, _, _)| l.contains(p));
         let mut any = false;
         for (pattern, what, fix) in KNOWN_KERNEL_FAILURES {
-            let hits: Vec<&str> = log.lines().filter(|l| l.contains(pattern)).collect();
+            let hits: Vec<&str> = ours
+                .iter()
+                .copied()
+                .filter(|l| l.contains(pattern))
+                .collect();
             if let Some(last) = hits.last() {
                 any = true;
                 self.push(Check::fail(
@@ -917,13 +1111,159 @@ impl Doctor<'_> {
                 ));
             }
         }
-        if !any {
+        let other: Vec<&str> = ours
+            .iter()
+            .copied()
+            .filter(|l| parse::says_failure(l) && !known(l))
+            .collect();
+        if let Some(last) = other.last() {
+            any = true;
+            self.push(Check::warn(
+                names::KERNEL_LOG,
+                format!(
+                    "{} other NPU driver line(s) reporting fail/error/timeout since boot; last: {}",
+                    other.len(),
+                    last.trim()
+                ),
+                "read them all: sudo dmesg | grep -iE 'xdna|aie2'; one timeout on the first \
+                 request after idle is known (retried); repeated ones are worth a bug report \
+                 with scripts/npu-check.sh's report",
+            ));
+        }
+        if any {
+            return;
+        }
+        if !module_loaded {
+            self.push(Check::skip(
+                names::KERNEL_LOG,
+                "amdxdna is not loaded: there is no driver activity in the kernel log to check",
+                "load amdxdna (see the module line), then run doctor again",
+            ));
+        } else if ours.is_empty() {
+            self.push(Check::skip(
+                names::KERNEL_LOG,
+                "amdxdna is loaded but the kernel log has none of its lines (the ring buffer \
+                 has wrapped since boot?)",
+                "journalctl -k -b | grep -iE 'xdna|aie2' (the journal keeps what dmesg lost)",
+            ));
+        } else {
             self.push(Check::pass(
                 names::KERNEL_LOG,
-                "none of the known amdxdna failures since boot",
+                format!(
+                    "{} NPU driver line(s) since boot, none reporting a failure",
+                    ours.len()
+                ),
             ));
         }
     }
+
+    /// The venv's ONNX Runtime and onnxruntime-genai versions against what this build pairs:
+    /// our own engine needs ONNX Runtime >= [`runtime::min_version`], and the provider works only
+    /// with the venv's runtime, so below that only onnxruntime-genai's own loop can run.
+    fn venv_runtime(&mut self) {
+        let venv = self.venv_path();
+        let packages = venv_packages(&venv);
+        // The library itself says what the worker will load; its version needs a real library
+        // (dlopen), so a venv whose library will not open falls back to pip's record.
+        let ort = runtime::venv_runtime(&venv)
+            .ok()
+            .and_then(|p| runtime::lib_version(&p).map(|v| (v, p.display().to_string())))
+            .or_else(|| {
+                packages
+                    .iter()
+                    .find(|p| is_runtime_package(&p.name))
+                    .map(|p| (p.version.clone(), p.shown.clone()))
+            });
+        let genai = packages
+            .iter()
+            .find(|p| p.name.starts_with("onnxruntime_genai"))
+            .map_or(
+                "onnxruntime-genai version unknown (no onnxruntime_genai*.dist-info)".into(),
+                |p| format!("onnxruntime-genai {} ({})", p.version, p.shown),
+            );
+        let min = runtime::min_version();
+        match ort {
+            None => self.push(Check::warn(
+                names::VENV_RUNTIME,
+                format!(
+                    "ONNX Runtime version unknown (no loadable libonnxruntime.so and no \
+                     onnxruntime*.dist-info in {}); {genai}",
+                    venv.display()
+                ),
+                format!(
+                    "{}/bin/python -c 'import onnxruntime; print(onnxruntime.__version__)'; our \
+                     engine needs >= {min}, --engine oga runs with any",
+                    venv.display()
+                ),
+            )),
+            Some((v, from)) if runtime::version_supported(&v) => self.push(Check::pass(
+                names::VENV_RUNTIME,
+                format!(
+                    "ONNX Runtime {v} ({from}) >= {min}: our engine and --engine oga can run; {genai}"
+                ),
+            )),
+            Some((v, from)) => self.push(Check::warn(
+                names::VENV_RUNTIME,
+                format!(
+                    "ONNX Runtime {v} ({from}) is below {min}, which our own engine needs: only \
+                     --engine oga (onnxruntime-genai's loop in the venv) can run; {genai}"
+                ),
+                format!(
+                    "run with --engine oga, or install a Ryzen AI Software release whose ONNX \
+                     Runtime is >= {min}"
+                ),
+            )),
+        }
+    }
+}
+
+/// A Python package installed in the venv, from its dist-info METADATA.
+struct VenvPackage {
+    /// Normalized (PEP 503) name.
+    name: String,
+    version: String,
+    /// Where it was read, for the report.
+    shown: String,
+}
+
+/// The onnxruntime* packages in `<venv>/lib/python3*/site-packages`.
+fn venv_packages(venv: &Path) -> Vec<VenvPackage> {
+    let mut sites: Vec<PathBuf> = fs::read_dir(venv.join("lib"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+        .map(|e| e.path().join("site-packages"))
+        .collect();
+    sites.sort();
+    let mut out = Vec::new();
+    for site in sites {
+        for dist in files_starting(&site, "onnxruntime") {
+            if !dist.ends_with(".dist-info") {
+                continue;
+            }
+            let meta = site.join(&dist).join("METADATA");
+            if let Some((name, version)) =
+                read(&meta).ok().and_then(|t| parse::dist_info_metadata(&t))
+            {
+                out.push(VenvPackage {
+                    name: parse::normalize_package_name(&name),
+                    version,
+                    shown: format!("{dist} METADATA"),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// ONNX Runtime itself under any of its distribution names (onnxruntime, onnxruntime-vitisai,
+/// onnxruntime-gpu, ...), not the separately versioned genai and extensions packages.
+fn is_runtime_package(normalized: &str) -> bool {
+    normalized == "onnxruntime"
+        || (normalized.starts_with("onnxruntime_")
+            && !normalized.starts_with("onnxruntime_genai")
+            && !normalized.starts_with("onnxruntime_extensions"))
 }
 
 /// Files whose name starts with `prefix` under `dir`, without following symlinks, at most

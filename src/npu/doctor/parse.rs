@@ -205,6 +205,56 @@ pub fn in_user_namespace(uid_map: &str) -> bool {
     first != ["0", "0", "4294967295"]
 }
 
+/// `Name:` and `Version:` of a Python package's dist-info METADATA (RFC 822 style headers; the
+/// body after the first blank line is the description and may quote anything).
+pub fn dist_info_metadata(text: &str) -> Option<(String, String)> {
+    let (mut name, mut version) = (None, None);
+    for l in text.lines() {
+        if l.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            match k.trim() {
+                "Name" => name = Some(v.trim().to_string()),
+                "Version" => version = Some(v.trim().to_string()),
+                _ => {}
+            }
+        }
+    }
+    Some((name?, version?))
+}
+
+/// A package name as pip compares them (PEP 503): lowercase, runs of `-_.` as one `_`.
+pub fn normalize_package_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            if !out.ends_with('_') {
+                out.push('_');
+            }
+        } else {
+            out.push(c.to_ascii_lowercase());
+        }
+    }
+    out
+}
+
+/// A kernel log line from the NPU driver: amdxdna's own prefix, its aie2_* functions, or
+/// anything naming xdna (the DRM driver name `amdxdna_accel_driver`, the XRT shim).
+pub fn is_npu_driver_line(line: &str) -> bool {
+    let l = line.to_ascii_lowercase();
+    l.contains("xdna") || l.contains("aie2")
+}
+
+/// Whether a line reports a failure: fail/error/timeout in any case (`failed`, `Error`,
+/// `timed out`, `TDR timeout`).
+pub fn says_failure(line: &str) -> bool {
+    let l = line.to_ascii_lowercase();
+    ["fail", "error", "timeout", "timed out"]
+        .iter()
+        .any(|w| l.contains(w))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,5 +347,42 @@ Device(s) Present
             pyvenv_version("home = /usr/bin\nversion = 3.12.3\n").as_deref(),
             Some("3.12.3")
         );
+    }
+
+    #[test]
+    fn dist_info() {
+        let m =
+            "Metadata-Version: 2.1\nName: onnxruntime-vitisai\nVersion: 1.23.2\n\nName: not this\n";
+        assert_eq!(
+            dist_info_metadata(m),
+            Some(("onnxruntime-vitisai".into(), "1.23.2".into()))
+        );
+        assert_eq!(dist_info_metadata("Name: x\n"), None);
+        assert_eq!(
+            normalize_package_name("ONNXRuntime-GenAI.ryzenai"),
+            "onnxruntime_genai_ryzenai"
+        );
+        assert_eq!(
+            normalize_package_name("onnxruntime__genai"),
+            "onnxruntime_genai"
+        );
+    }
+
+    #[test]
+    fn kernel_log_lines() {
+        let l = "[ 9.1] amdxdna 0000:c5:00.1: aie2_tdr: TDR Timeout";
+        assert!(is_npu_driver_line(l) && says_failure(l));
+        assert!(is_npu_driver_line(
+            "[drm] Initialized amdxdna_accel_driver 0.7.0"
+        ));
+        assert!(!is_npu_driver_line(
+            "usb 1-1: device descriptor read/64, error -71"
+        ));
+        assert!(says_failure(
+            "amdxdna: Unknown symbol drm_sched_init (err -2), FAILED"
+        ));
+        assert!(!says_failure(
+            "[drm] Initialized amdxdna 0.6.0 for 0000:c5:00.1 on minor 0"
+        ));
     }
 }

@@ -7,6 +7,9 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Status {
+    /// Not checked, and the line says why (nothing to look at, or not measurable here): never
+    /// counted as a pass.
+    Skip,
     Pass,
     Warn,
     Fail,
@@ -15,6 +18,7 @@ pub enum Status {
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Status::Skip => "SKIP",
             Status::Pass => "PASS",
             Status::Warn => "WARN",
             Status::Fail => "FAIL",
@@ -51,6 +55,16 @@ impl Check {
         }
     }
 
+    /// Not checked: `detail` says why, `next` what would check it.
+    pub fn skip(name: &'static str, detail: impl Into<String>, next: impl Into<String>) -> Self {
+        Check {
+            name,
+            status: Status::Skip,
+            detail: detail.into(),
+            fix: Some(next.into()),
+        }
+    }
+
     pub fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
         Check {
             name,
@@ -71,6 +85,7 @@ struct Counts {
     pass: usize,
     warn: usize,
     fail: usize,
+    skip: usize,
 }
 
 #[derive(Serialize)]
@@ -99,26 +114,33 @@ impl Report {
         i32::from(self.has_failures())
     }
 
-    /// One line per check (`PASS  name: detail`), the fix indented under WARN/FAIL, and a
-    /// summary line.
+    /// One line per check (`PASS  name: detail`), the fix indented under WARN/FAIL (and what
+    /// would check a SKIP), and a summary line.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
         for c in &self.checks {
             out.push_str(&format!("{}  {}: {}\n", c.status, c.name, c.detail));
             if let Some(fix) = &c.fix {
-                out.push_str(&format!("      fix: {fix}\n"));
+                let label = if c.status == Status::Skip {
+                    "next"
+                } else {
+                    "fix"
+                };
+                out.push_str(&format!("      {label}: {fix}\n"));
             }
         }
         out.push_str(&format!(
-            "npu doctor: {} pass, {} warn, {} fail\n",
+            "npu doctor: {} pass, {} warn, {} fail, {} skip\n",
             self.count(Status::Pass),
             self.count(Status::Warn),
-            self.count(Status::Fail)
+            self.count(Status::Fail),
+            self.count(Status::Skip)
         ));
         out
     }
 
-    /// `{"ok": bool, "summary": {"pass","warn","fail"}, "checks": [{name,status,detail,fix?}]}`.
+    /// `{"ok": bool, "summary": {"pass","warn","fail","skip"}, "checks":
+    /// [{name,status,detail,fix?}]}` (a SKIP's `fix` says what would check it).
     pub fn to_json(&self) -> String {
         let r = JsonReport {
             ok: !self.has_failures(),
@@ -126,6 +148,7 @@ impl Report {
                 pass: self.count(Status::Pass),
                 warn: self.count(Status::Warn),
                 fail: self.count(Status::Fail),
+                skip: self.count(Status::Skip),
             },
             checks: &self.checks,
         };
@@ -160,12 +183,24 @@ mod tests {
         let r = report();
         let t = r.to_text();
         assert!(t.starts_with("PASS  memlock: unlimited\nFAIL  accel node: missing\n      fix: sudo modprobe amdxdna\n"), "{t}");
-        assert!(t.ends_with("npu doctor: 1 pass, 0 warn, 1 fail\n"), "{t}");
+        assert!(
+            t.ends_with("npu doctor: 1 pass, 0 warn, 1 fail, 0 skip\n"),
+            "{t}"
+        );
         assert_eq!(r.exit_code(), 1);
         let ok = Report {
-            checks: vec![Check::warn("hugepages", "none", "reserve some")],
+            checks: vec![
+                Check::warn("hugepages", "none", "reserve some"),
+                Check::skip("residency", "not measured", "npu probe"),
+            ],
         };
         assert_eq!(ok.exit_code(), 0);
+        let t = ok.to_text();
+        assert!(
+            t.contains("SKIP  residency: not measured\n      next: npu probe\n"),
+            "{t}"
+        );
+        assert!(t.ends_with("0 pass, 1 warn, 0 fail, 1 skip\n"), "{t}");
     }
 
     #[test]

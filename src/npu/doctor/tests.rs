@@ -97,7 +97,21 @@ impl Fake {
         write(&lib.join("libonnxruntime.so"), "");
         write(&lib.join(PROVIDER_FILE), "");
         write(&f.venv().join("bin/python3.12"), "");
+        f.set_venv_package("onnxruntime_vitisai", "onnxruntime-vitisai", "1.24.2");
+        f.set_venv_package("onnxruntime_genai", "onnxruntime-genai", "0.11.2");
         f
+    }
+
+    /// A pip-installed package in the venv: `<dist>-<version>.dist-info/METADATA`.
+    fn set_venv_package(&self, dist: &str, name: &str, version: &str) {
+        let site = self.venv().join("lib/python3.12/site-packages");
+        for old in files_starting(&site, &format!("{dist}-")) {
+            fs::remove_dir_all(site.join(old)).expect("rm");
+        }
+        write(
+            &site.join(format!("{dist}-{version}.dist-info/METADATA")),
+            &format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nVersion: 0.0\n"),
+        );
     }
 
     fn roots(&self) -> SystemRoots {
@@ -124,6 +138,7 @@ impl Fake {
             xrt_root_knob: Some(self.xrt()),
             xilinx_xrt: None,
             worker_exe: Some(self.root.join("bin/onebit-tts")),
+            probed: None,
         }
     }
     /// A user who is not the files' owner, in the files' group (render).
@@ -220,11 +235,17 @@ fn healthy_system_passes_everything() {
     let h = f.host();
     let r = run(&f.inputs(), &h);
     for c in &r.checks {
+        // Residency needs a probe: the doctor alone never claims it.
+        if c.name == names::RESIDENCY {
+            assert_eq!(c.status, Status::Skip, "{}", r.to_text());
+            continue;
+        }
         assert_eq!(c.status, Status::Pass, "{}", r.to_text());
         assert!(c.fix.is_none());
     }
     assert_eq!(r.exit_code(), 0);
-    assert_eq!(r.checks.len(), 16, "{}", r.to_text());
+    assert_eq!(r.checks.len(), 18, "{}", r.to_text());
+    assert!(r.to_text().ends_with("17 pass, 0 warn, 0 fail, 1 skip\n"));
     assert!(only(&r, names::XRT).detail.starts_with("2.19.0 at "));
     assert!(only(&r, names::PCI).detail.contains("rev 0x11"));
     // xrt-smi ran with the XRT's own environment.
@@ -279,29 +300,80 @@ fn pci_device() {
 }
 
 #[test]
-fn firmware_file() {
+fn firmware_file_is_the_one_the_driver_requests() {
     let f = Fake::healthy("fw");
     let r = f.roots();
-    fs::remove_dir_all(r.lib.join("firmware/amdnpu/17f0_11")).expect("rm");
+    let fw = r.lib.join("firmware/amdnpu");
+    let fw_status = |f: &Fake| only(&run(&f.inputs(), &f.host()), names::FIRMWARE_FILE).clone();
+    fs::remove_dir_all(fw.join("17f0_11")).expect("rm");
     // A file for another revision does not count.
-    write(&r.lib.join("firmware/amdnpu/17f0_10/npu.sbin"), "fw");
-    let rep = run(&f.inputs(), &f.host());
-    let c = only(&rep, names::FIRMWARE_FILE);
+    write(&fw.join("17f0_10/npu.sbin"), "fw");
+    let c = fw_status(&f);
     assert_eq!(c.status, Status::Fail);
     assert!(
-        c.detail.contains("amdnpu/17f0_11/npu*.sbin"),
+        c.detail
+            .contains("amdnpu/17f0_11/{npu_7.sbin,npu.sbin}[.zst|.xz]"),
         "{}",
         c.detail
     );
-    // The updates/ tree counts.
+    assert!(c.detail.contains("rev 0x11"), "{}", c.detail);
+    // A versioned blob without the npu.sbin link is not a name the driver asks for; nor is a
+    // dangling link (linux-firmware's link to a removed blob).
+    write(&fw.join("17f0_11/npu.sbin.1.1.2.65.zst"), "fw");
+    symlink("npu.sbin.gone.zst", fw.join("17f0_11/npu.sbin.zst")).expect("symlink");
+    assert_eq!(fw_status(&f).status, Status::Fail);
+    fs::remove_file(fw.join("17f0_11/npu.sbin.zst")).expect("rm");
+    symlink("npu.sbin.1.1.2.65.zst", fw.join("17f0_11/npu.sbin.zst")).expect("symlink");
+    let c = fw_status(&f);
+    assert_eq!(c.status, Status::Pass, "{}", c.detail);
+    assert!(
+        c.detail.starts_with("amdnpu/17f0_11/npu.sbin.zst in "),
+        "{}",
+        c.detail
+    );
+
+    // npu_7.sbin alone: only drivers with the 2026 fallback ask for it.
+    fs::remove_dir_all(fw.join("17f0_11")).expect("rm");
     write(
-        &r.lib.join("firmware/updates/amdnpu/17f0_11/npu_7.sbin"),
+        &r.lib.join("firmware/updates/amdnpu/17f0_11/npu_7.sbin.xz"),
         "fw",
     );
-    assert_eq!(
-        status(&run(&f.inputs(), &f.host()), names::FIRMWARE_FILE),
-        Status::Pass
+    let c = fw_status(&f);
+    assert_eq!(c.status, Status::Warn, "{}", c.detail);
+    assert!(c.detail.contains("updates"), "{}", c.detail);
+    assert!(c.detail.contains("no npu.sbin"), "{}", c.detail);
+    write(
+        &r.lib.join("firmware/updates/amdnpu/17f0_11/npu.sbin"),
+        "fw",
     );
+    let c = fw_status(&f);
+    assert_eq!(c.status, Status::Pass, "{}", c.detail);
+    assert!(
+        c.detail
+            .contains("npu_7.sbin.xz, amdnpu/17f0_11/npu.sbin in"),
+        "{}",
+        c.detail
+    );
+
+    // Revision 0x20 (npu6) requests the 17f0_10 directory, not 17f0_20.
+    write(&f.pci_dir().join("revision"), "0x20\n");
+    write(&fw.join("17f0_20/npu.sbin"), "fw");
+    fs::remove_dir_all(fw.join("17f0_10")).expect("rm");
+    let c = fw_status(&f);
+    assert_eq!(c.status, Status::Fail, "{}", c.detail);
+    assert!(c.detail.contains("amdnpu/17f0_10/"), "{}", c.detail);
+    write(&fw.join("17f0_10/npu.sbin.zst"), "fw");
+    assert_eq!(fw_status(&f).status, Status::Pass);
+
+    // A revision the driver table does not list.
+    write(&f.pci_dir().join("revision"), "0x42\n");
+    let c = fw_status(&f);
+    assert_eq!(c.status, Status::Warn);
+    assert!(c.detail.contains("rev 0x42"), "{}", c.detail);
+
+    // No NPU at all: nothing to match a file against.
+    fs::remove_dir_all(f.pci_dir()).expect("rm");
+    assert_eq!(fw_status(&f).status, Status::Skip);
 }
 
 #[test]
@@ -626,4 +698,212 @@ fn worker_env_line() {
     let c = only(&rep, names::WORKER_ENV);
     assert_eq!(c.status, Status::Fail);
     assert!(c.detail.contains("contains ':'"), "{}", c.detail);
+}
+
+#[test]
+fn kernel_log_is_not_a_pass_without_a_driver_to_look_at() {
+    let f = Fake::healthy("klog-nomod");
+    write(&f.roots().proc.join("modules"), "kvm 1 0 - Live 0x0\n");
+    let mut h = f.host();
+    h.log = Some("[ 1.0] usb 1-1: new device\n".into());
+    let c = only(&run(&f.inputs(), &h), names::KERNEL_LOG).clone();
+    assert_eq!(c.status, Status::Skip, "{}", c.detail);
+    assert!(c.detail.contains("not loaded"), "{}", c.detail);
+    // ...unless the log says why it is not loaded: built for another kernel.
+    h.log = Some(
+        "[ 2.0] amdxdna: Unknown symbol drm_sched_job_init (err -2)\n\
+         [ 2.0] amdxdna: Unknown symbol drm_gem_shmem_vmap (err -2)\n"
+            .into(),
+    );
+    let c = only(&run(&f.inputs(), &h), names::KERNEL_LOG).clone();
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.contains("another kernel"), "{}", c.detail);
+    assert!(c.detail.contains("(2 since boot)"), "{}", c.detail);
+    assert!(c.fix.as_deref().unwrap_or("").contains("dkms"));
+    // Loaded, but the log no longer has any driver line: nothing vouches for it either.
+    let f = Fake::healthy("klog-wrapped");
+    let mut h = f.host();
+    h.log = Some("[ 9999.0] usb 1-1: new device\n".into());
+    let c = only(&run(&f.inputs(), &h), names::KERNEL_LOG).clone();
+    assert_eq!(c.status, Status::Skip, "{}", c.detail);
+    assert!(c.fix.as_deref().unwrap_or("").contains("journalctl"));
+}
+
+#[test]
+fn kernel_log_flags_every_driver_line_that_fails() {
+    let f = Fake::healthy("klog-other");
+    let mut h = f.host();
+    h.log = Some(
+        "[ 3.1] [drm] Initialized amdxdna 0.6.0 for 0000:c5:00.1 on minor 0\n\
+         [ 5.0] usb 1-1: device descriptor read/64, error -71\n\
+         [ 9.0] amdxdna 0000:c5:00.1: aie2_tdr_work: TDR TimeOut, ctx 3\n\
+         [ 9.1] amdxdna 0000:c5:00.1: aie2_sched_job_run: Error submitting cmd\n\
+         [ 9.2] [drm:amdxdna_gem_pin [amdxdna]] *ERROR* pin failed -12\n"
+            .into(),
+    );
+    let c = only(&run(&f.inputs(), &h), names::KERNEL_LOG).clone();
+    assert_eq!(c.status, Status::Warn, "{}", c.detail);
+    assert!(
+        c.detail.starts_with("3 other NPU driver line(s)"),
+        "{}",
+        c.detail
+    );
+    assert!(c.detail.contains("pin failed -12"), "{}", c.detail);
+    // A known failure is its own FAIL line, not counted again among the others.
+    h.log = Some(
+        "amdxdna 0000:c5:00.1: aie2_hwctx_restart: Map host buf failed, ret -12\n\
+         amdxdna 0000:c5:00.1: aie2_tdr_work: timeout\n"
+            .into(),
+    );
+    let rep = run(&f.inputs(), &h);
+    let kl: Vec<&Check> = rep
+        .checks
+        .iter()
+        .filter(|c| c.name == names::KERNEL_LOG)
+        .collect();
+    assert_eq!(kl.len(), 2, "{}", rep.to_text());
+    assert_eq!(kl[0].status, Status::Fail);
+    assert_eq!(kl[1].status, Status::Warn);
+    assert!(kl[1].detail.starts_with("1 other"), "{}", kl[1].detail);
+}
+
+#[test]
+fn xrt_passes_only_with_real_libraries() {
+    let f = Fake::healthy("xrt-libs");
+    let lib = f.xrt().join("lib");
+    // A directory with the shim but no libxrt_coreutil.so*.
+    fs::remove_file(lib.join("libxrt_coreutil.so.2.19.0")).expect("rm");
+    write(&lib.join("libxrt_core.so.2"), "");
+    let c = only(&run(&f.inputs(), &f.host()), names::XRT).clone();
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.contains("libxrt_coreutil.so"), "{}", c.detail);
+    assert!(c.fix.as_deref().unwrap_or("").contains("ONEBIT_XRT_ROOT"));
+    // A dangling symlink by that name is not a library.
+    symlink(
+        "libxrt_coreutil.so.2.19.0",
+        lib.join("libxrt_coreutil.so.2"),
+    )
+    .expect("symlink");
+    assert_eq!(
+        status(&run(&f.inputs(), &f.host()), names::XRT),
+        Status::Fail
+    );
+    write(&lib.join("libxrt_coreutil.so.2.19.0"), "");
+    assert_eq!(
+        status(&run(&f.inputs(), &f.host()), names::XRT),
+        Status::Pass
+    );
+}
+
+#[test]
+fn venv_runtime_versions_against_the_pairing() {
+    let f = Fake::healthy("venv-rt");
+    let c = only(&run(&f.inputs(), &f.host()), names::VENV_RUNTIME).clone();
+    assert_eq!(c.status, Status::Pass, "{}", c.detail);
+    assert!(
+        c.detail
+            .contains("ONNX Runtime 1.24.2 (onnxruntime_vitisai-1.24.2.dist-info METADATA)"),
+        "{}",
+        c.detail
+    );
+    assert!(
+        c.detail.contains("onnxruntime-genai 0.11.2"),
+        "{}",
+        c.detail
+    );
+    // Older than our engine can drive: only onnxruntime-genai's loop can run, both named.
+    f.set_venv_package("onnxruntime_vitisai", "onnxruntime-vitisai", "1.23.2");
+    let c = only(&run(&f.inputs(), &f.host()), names::VENV_RUNTIME).clone();
+    assert_eq!(c.status, Status::Warn);
+    assert!(
+        c.detail.contains(&format!(
+            "ONNX Runtime 1.23.2 (onnxruntime_vitisai-1.23.2.dist-info METADATA) is below {}",
+            crate::runtime::min_version()
+        )),
+        "{}",
+        c.detail
+    );
+    assert!(c.detail.contains("only --engine oga"), "{}", c.detail);
+    assert!(
+        c.detail.contains("onnxruntime-genai 0.11.2"),
+        "{}",
+        c.detail
+    );
+    assert!(c.fix.as_deref().unwrap_or("").contains("--engine oga"));
+    // onnxruntime-extensions has its own versions: it is not the runtime.
+    let site = f.venv().join("lib/python3.12/site-packages");
+    fs::remove_dir_all(site.join("onnxruntime_vitisai-1.23.2.dist-info")).expect("rm");
+    f.set_venv_package("onnxruntime_extensions", "onnxruntime-extensions", "0.14.0");
+    let c = only(&run(&f.inputs(), &f.host()), names::VENV_RUNTIME).clone();
+    assert_eq!(c.status, Status::Warn);
+    assert!(
+        c.detail.starts_with("ONNX Runtime version unknown"),
+        "{}",
+        c.detail
+    );
+}
+
+#[test]
+fn memlock_fixes_name_shell_systemd_and_containers() {
+    let f = Fake::healthy("memlock-fix");
+    let mut h = f.host();
+    for hard in [Limit::Unlimited, Limit::Bytes(8 << 20)] {
+        h.memlock = Ok(Memlock {
+            soft: Limit::Bytes(8 << 20),
+            hard,
+        });
+        let c = only(&run(&f.inputs(), &h), names::MEMLOCK).clone();
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("device mapping fail"), "{}", c.detail);
+        let fix = c.fix.unwrap_or_default();
+        for want in ["unlimited", "LimitMEMLOCK=infinity", "--ulimit memlock=-1"] {
+            assert!(fix.contains(want), "{want}: {fix}");
+        }
+    }
+}
+
+#[test]
+fn residency_line_needs_a_probe() {
+    use crate::npu::residency::{Residency, ResidencyState};
+    let f = Fake::healthy("residency");
+    let c = only(&run(&f.inputs(), &f.host()), names::RESIDENCY).clone();
+    assert_eq!(c.status, Status::Skip);
+    assert_eq!(c.detail, "not measured by doctor");
+    assert!(
+        c.fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("npu probe --model PKG")
+    );
+    let probed = |state, reasons: &[&str]| Probed {
+        package: "/m/pkg".into(),
+        residency: Residency {
+            state,
+            reasons: reasons.iter().map(|r| r.to_string()).collect(),
+            evidence: Default::default(),
+        },
+    };
+    let mut i = f.inputs();
+    i.probed = Some(probed(
+        ResidencyState::Proven,
+        &["412/412 nodes on the provider"],
+    ));
+    let c = only(&run(&i, &f.host()), names::RESIDENCY).clone();
+    assert_eq!(c.status, Status::Pass);
+    assert_eq!(c.detail, "proven for /m/pkg: 412/412 nodes on the provider");
+    for state in [ResidencyState::Unproven, ResidencyState::Failed] {
+        i.probed = Some(probed(
+            state,
+            &["provider declined 3 nodes", "no busy time"],
+        ));
+        let rep = run(&i, &f.host());
+        let c = only(&rep, names::RESIDENCY);
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.detail.contains("provider declined 3 nodes; no busy time"),
+            "{}",
+            c.detail
+        );
+        assert_eq!(rep.exit_code(), 1);
+    }
 }
