@@ -944,11 +944,17 @@ fn run(cli: Cli) -> Result<()> {
             match name {
                 None => {
                     for (v, path) in store.iter() {
+                        let license = if v.license.is_empty() {
+                            "licence unknown"
+                        } else {
+                            v.license.as_str()
+                        };
                         println!(
-                            "{:<16} {:<6} {:>6.2} s  {}",
+                            "{:<16} {:<6} {:>6.2} s  {:<44} {}",
                             v.name,
                             v.language,
                             v.seconds(),
+                            license,
                             path.display()
                         );
                     }

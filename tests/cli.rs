@@ -191,3 +191,27 @@ fn bench_names_the_thread_plan_it_ran_with() {
     let bad = error_line(&cli(&["bench", "--thread-policy", "fast"]));
     assert!(bad.contains("unknown thread policy \"fast\""), "{bad}");
 }
+
+/// The shipped voices are listed with their language and licence.
+#[test]
+fn voices_list_shows_language_and_licence() {
+    let o = cli(&["voices", "list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = common::stdout(&o);
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} not listed: {out}"))
+            .to_owned()
+    };
+    for (name, lang) in [("dave", "en-us"), ("greta", "de"), ("juliette", "fr-fr")] {
+        let l = line(name);
+        assert!(
+            l.contains(&format!(" {lang} "))
+                && l.contains("NeuTTS Open License v1.0 (samples/LICENSE)"),
+            "{l}"
+        );
+    }
+    assert!(line("emily").contains("NeuTTS Open License v1.0"));
+    assert!(line("test").contains("CC0, generated"));
+}
