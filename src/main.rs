@@ -694,10 +694,11 @@ fn say(
     let secs = report.audio_seconds();
     let cps = metrics::codes_per_second(report.codes.len(), report.timings.decode);
     eprintln!(
-        "wrote {} — {:.2} s of audio, {} codes, {:.1} codes/s ({:.2}x real time), RTF {:.3}, seed {}, prompt {} tokens",
+        "wrote {} — {:.2} s of audio, {} codes, finish {}, {:.1} codes/s ({:.2}x real time), RTF {:.3}, seed {}, prompt {} tokens",
         output.display(),
         secs,
         report.codes.len(),
+        report.stop.finish_reason(),
         cps,
         cps / 50.0,
         metrics::rtf(report.timings.total, secs),

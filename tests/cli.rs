@@ -215,3 +215,73 @@ fn voices_list_shows_language_and_licence() {
     assert!(line("emily").contains("NeuTTS Open License v1.0"));
     assert!(line("test").contains("CC0, generated"));
 }
+
+/// The chain package sampled never draws its end token: "hi" ends at its code budget, 140 codes
+/// (2.8 s, not the context's 79 s), and the summary and a warning say so.
+#[test]
+fn say_hi_on_the_test_package_gives_a_few_seconds() {
+    let out = common::tempdir("say-hi").join("hi.wav");
+    let model = common::model("tiny");
+    let o = cli(&[
+        "say",
+        "-q",
+        "--model",
+        model.to_str().unwrap(),
+        "--voice",
+        "test",
+        "--seed",
+        "3",
+        "-o",
+        out.to_str().unwrap(),
+        "hi",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(wav_len(&out), (24_000, 1, 140 * 480));
+    let err = stderr(&o);
+    assert!(
+        err.contains("2.80 s of audio, 140 codes, finish length"),
+        "{err}"
+    );
+    assert!(
+        err.contains("WARN") && err.contains("ended at 140 codes (its text's code budget)"),
+        "{err}"
+    );
+}
+
+/// A long text with a sentence of only emoji: that sentence is skipped with a warning and the rest
+/// is spoken; a text of only emoji and symbols is one error line.
+#[test]
+fn say_skips_an_emoji_only_sentence_and_refuses_an_all_emoji_text() {
+    let out = common::tempdir("say-emoji").join("emoji.wav");
+    let model = common::model("tiny");
+    let sentence = "The river runs slowly past the old stone houses of the valley, where people have watched it for years. ";
+    let text = format!("{}😀😀. {}", sentence.repeat(12), sentence.repeat(12));
+    let run = |text: &str| {
+        cli(&[
+            "say",
+            "-q",
+            "--model",
+            model.to_str().unwrap(),
+            "--voice",
+            "test",
+            "--temperature",
+            "0",
+            "-o",
+            out.to_str().unwrap(),
+            text,
+        ])
+    };
+    let o = run(&text);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("skipping \"😀😀.\": nothing to speak in it"),
+        "{err}"
+    );
+    assert!(err.contains("finish stop"), "{err}");
+    let (_, _, samples) = wav_len(&out);
+    assert!(samples > 2 * 120 * 480, "{samples} samples");
+
+    let line = error_line(&run("😀😀 🎉 ★"));
+    assert!(line.contains("nothing speakable"), "{line}");
+}
