@@ -285,3 +285,105 @@ fn say_skips_an_emoji_only_sentence_and_refuses_an_all_emoji_text() {
     let line = error_line(&run("😀😀 🎉 ★"));
     assert!(line.contains("nothing speakable"), "{line}");
 }
+
+/// `-o` names the format by its extension: an extension that names none is an error listing the
+/// formats (nothing is written), `--format` overrides it, and `.raw` is headerless pcm.
+#[test]
+fn output_extension_must_name_a_format_unless_format_is_given() {
+    let dir = common::tempdir("say-ext");
+    let model = common::model("tiny");
+    let say = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "say",
+            "-q",
+            "--model",
+            model.to_str().unwrap(),
+            "--voice",
+            "test",
+            "--temperature",
+            "0",
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        args.push("Hello world, this is a test.");
+        cli(&args)
+    };
+    let codes = common::expect("tiny")["test_voice_greedy_codes"]
+        .as_u64()
+        .unwrap() as usize;
+
+    let xyz = dir.join("out.xyz");
+    let line = error_line(&say(&xyz, &[]));
+    assert!(
+        line.contains("out.xyz: unknown output extension \"xyz\"")
+            && line.contains("mp3, opus, flac, wav, pcm")
+            && line.contains("--format"),
+        "{line}"
+    );
+    assert!(!xyz.exists() && !dir.join("out.xyz.partial").exists());
+
+    let o = say(&xyz, &["--format", "flac"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(&std::fs::read(&xyz).unwrap()[..4], b"fLaC");
+
+    let raw = dir.join("out.RAW");
+    let o = say(&raw, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&raw).unwrap().len(), codes * 480 * 2);
+
+    let mp3 = dir.join("out.mp3");
+    assert!(say(&mp3, &[]).status.success());
+    let head = std::fs::read(&mp3).unwrap();
+    assert!(
+        head.starts_with(b"ID3") || head[0] == 0xff,
+        "an MP3 frame or tag"
+    );
+}
+
+/// `say` prints its summary and warnings only; `--verbose` or RUST_LOG/ONEBIT_LOG bring the INFO
+/// lines back.
+#[test]
+fn say_logs_warnings_only_unless_asked() {
+    let out = common::tempdir("say-log").join("out.wav");
+    let model = common::model("tiny");
+    let args = |verbose: bool| {
+        let mut a = vec![
+            "say",
+            "--model",
+            model.to_str().unwrap(),
+            "--voice",
+            "test",
+            "--temperature",
+            "0",
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        if verbose {
+            a.push("--verbose");
+        }
+        a.push("Hello world, this is a test.");
+        a
+    };
+    let o = cli(&args(false));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "only the summary: {err}");
+    assert!(lines[0].starts_with("wrote "), "{err}");
+
+    for (verbose, env) in [
+        (true, None),
+        (false, Some(("RUST_LOG", "info"))),
+        (false, Some(("ONEBIT_LOG", "info"))),
+    ] {
+        let env: Vec<(&str, &str)> = env.into_iter().collect();
+        let o = common::cli_with(&args(verbose), &env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains(" INFO ") && err.contains("ONNX Runtime loaded"),
+            "{err}"
+        );
+    }
+}
