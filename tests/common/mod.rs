@@ -359,16 +359,24 @@ const CLI_SETTINGS: [&str; 8] = [
     "ONEBIT_DEVICE",
 ];
 
+/// `exe` run in `cwd` without the settings a test's environment might carry (nor ONEBIT_HOME,
+/// which would point it at another checkout's runtime).
+pub fn clean_command(exe: &Path, cwd: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(exe);
+    cmd.current_dir(cwd).env_remove("ONEBIT_HOME");
+    for k in CLI_SETTINGS {
+        cmd.env_remove(k);
+    }
+    cmd
+}
+
 /// Runs the `onebit-tts` binary from the repo root with `env` set on top of a clean slate.
 pub fn cli_with<V: AsRef<std::ffi::OsStr>>(
     args: &[&str],
     env: &[(&str, V)],
 ) -> std::process::Output {
-    let mut cmd = std::process::Command::new(bin());
-    cmd.args(args).current_dir(repo());
-    for k in CLI_SETTINGS {
-        cmd.env_remove(k);
-    }
+    let mut cmd = clean_command(&bin(), &repo());
+    cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
