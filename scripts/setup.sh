@@ -4,7 +4,8 @@
 # .onebit/ (ignored by git):
 #   .onebit/venv          python venv: onnxruntime, onnxruntime-genai, onnx, numpy (generator, parity tests),
 #                         gguf (tools/onnx_to_gguf.py, the llama.cpp peer's model, and its test),
-#                         openai (the official SDK, for tests/python/openai_client.py against the server)
+#                         openai (the official SDK, for tests/python/openai_client.py against the server),
+#                         tokenizers (the HF tokenizers check of the generated tokenizer.json)
 #   .onebit/onnxruntime   the ONNX Runtime shared library from the onnxruntime wheel
 #   .onebit/neutts        espeak-ng 1.52 library + data and the sample voices from the neutts wheel
 # Idempotent: a second run only checks.
@@ -49,12 +50,13 @@ OGA_VERSION=0.18.0
 NEUTTS_VERSION=1.4.1
 OPENAI_VERSION=3.57.0
 GGUF_VERSION=0.19.0
+TOKENIZERS_VERSION=0.23.3
 
 if [ ! -x "$home/venv/bin/python" ]; then
   "$py" -m venv "$home/venv"
 fi
 stamp="$home/venv/.onebit-reqs"
-reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION ${ONEBIT_EXTRA_PIP:-}"
+reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION ${ONEBIT_EXTRA_PIP:-}"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
   echo "$reqs" > "$stamp"

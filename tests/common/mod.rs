@@ -15,9 +15,30 @@ pub fn shared() -> Option<PathBuf> {
     p.join("DESIGN.md").exists().then_some(p)
 }
 
-/// Says, by name, that a test case was skipped and why. In CI, where ../shared is laid out,
-/// a skip for that reason is a failure instead.
+/// Whether this run is CI's (`CI` set, as CI services and .ci/run do).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// The reasons a test may be skipped in CI; any other skip there fails the test, so a tool or
+/// package that scripts/setup.sh stopped providing cannot turn a check off unnoticed.
+const CI_ALLOWED_SKIPS: &[&str] = &[
+    // ../shared is the workspace's read-only folder of vendor goldens and fixtures beside the
+    // checkout: a clone made anywhere else does not have it, and nothing installs it. The tests
+    // that need it are parity checks against those files; everything a fresh clone ships
+    // (samples/, voices/) is tested without it.
+    "../shared absent",
+];
+
+/// Says, by name, that a test case was skipped and why: on stderr and stdout so a run shows it.
+/// In CI a skip whose reason is not on [`CI_ALLOWED_SKIPS`] is a failure instead.
 pub fn skip(name: &str, why: &str) {
+    if in_ci() && !CI_ALLOWED_SKIPS.contains(&why) {
+        panic!(
+            "{name} would be skipped in CI ({why}): CI must provide what it needs through \
+             scripts/setup.sh, or the reason must be on CI_ALLOWED_SKIPS in tests/common"
+        );
+    }
     eprintln!("skipped: {name} ({why})");
     println!("skipped: {name} ({why})");
 }
