@@ -691,7 +691,7 @@ async fn an_emoji_only_piece_is_skipped_and_an_all_emoji_input_is_refused() {
     let codes = codes_header(&r);
     let per_piece = greedy_codes();
     assert!(
-        codes % per_piece == 0 && codes / per_piece >= 2,
+        codes.is_multiple_of(per_piece) && codes / per_piece >= 2,
         "{codes} codes"
     );
     let pause = (onebit_tts::synth::PIECE_PAUSE_S * 24_000.0) as usize;
