@@ -206,7 +206,8 @@ pub enum SynthEvent<'a> {
         count: usize,
         text: &'a str,
         prompt_tokens: usize,
-        /// Codes this piece may generate at most (budget minus prompt).
+        /// Codes this piece may generate at most: its text's code budget, bounded by the context
+        /// after its prompt and by what is left of the request's max_new_tokens.
         max_new_tokens: usize,
     },
     /// One more code was generated (index counts over the whole request).

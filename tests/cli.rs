@@ -387,3 +387,28 @@ fn say_logs_warnings_only_unless_asked() {
         );
     }
 }
+
+/// bench reports each run's finish reason: greedy on the chain package every text ends on the end
+/// token, so no run is flagged as cut.
+#[test]
+fn bench_json_reports_each_runs_finish_reason() {
+    let o = cli(&[
+        "bench",
+        "-q",
+        "--model",
+        "models/tiny",
+        "--runs",
+        "1",
+        "--temperature",
+        "0",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    for r in runs {
+        assert_eq!(r["finish"], "stop", "{r}");
+        assert_eq!(r["codes"], 120, "{r}");
+    }
+}
