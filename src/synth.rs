@@ -696,9 +696,7 @@ impl Synthesizer {
                 out.stop = StopReason::Cancelled;
                 break;
             }
-            let (limit, limited_by) =
-                piece_limit(piece, budget, req.generation.min_new_tokens, left);
-            if limit == 0 {
+            if left == Some(0) {
                 tracing::warn!(
                     "max_new_tokens ({}) used up after {i} of {} pieces: the rest is not spoken (finish reason length)",
                     req.generation.max_new_tokens.unwrap_or_default(),
@@ -707,6 +705,8 @@ impl Synthesizer {
                 cut = true;
                 break;
             }
+            let (limit, limited_by) =
+                piece_limit(piece, budget, req.generation.min_new_tokens, left);
             let mut params = req.generation.clone();
             params.max_new_tokens = Some(limit);
             if let Some(seed) = params.sampling.seed {
