@@ -1,28 +1,62 @@
 #!/usr/bin/env bash
-# Installs what onebit-tts needs at run and test time into .onebit/ (ignored by git):
+# Checks the system packages the build needs (installs them as root with apt-get, else prints
+# the command and stops), then installs what onebit-tts needs at run and test time into
+# .onebit/ (ignored by git):
 #   .onebit/venv          python venv: onnxruntime, onnxruntime-genai, onnx, numpy (generator, parity tests),
 #                         gguf (tools/onnx_to_gguf.py, the llama.cpp peer's model, and its test),
-#                         openai (the official SDK, for tests/python/openai_client.py against the server)
+#                         openai (the official SDK, for tests/python/openai_client.py against the server),
+#                         tokenizers (the HF tokenizers check of the generated tokenizer.json)
 #   .onebit/onnxruntime   the ONNX Runtime shared library from the onnxruntime wheel
 #   .onebit/neutts        espeak-ng 1.52 library + data and the sample voices from the neutts wheel
 # Idempotent: a second run only checks.
+#   --prereqs-only            check (and install) the system packages, then stop
+#   ONEBIT_SETUP_INSTALL=0    never install system packages, even as root: report and stop
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 home="$root/.onebit"
-mkdir -p "$home"
 py="${PYTHON:-python3}"
+
+# System prerequisites, as Debian/Ubuntu packages. Checked before anything is built so a bare
+# machine gets one clear message instead of a build error minutes in:
+#   build-essential  cc and make: the linker, and mp3lame-sys builds LAME with configure + make
+#   cmake            opusic-sys (under the opus crate) builds the bundled libopus with cmake
+#   python3-venv     `python3 -m venv` with pip (ensurepip) for .onebit/venv
+command -v "$py" >/dev/null || { echo "setup: $py (Python 3) is required" >&2; exit 1; }
+missing=()
+{ command -v cc >/dev/null && command -v make >/dev/null; } || missing+=(build-essential)
+command -v cmake >/dev/null || missing+=(cmake)
+"$py" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && [ "${ONEBIT_SETUP_INSTALL:-1}" != 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing the build's system packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv)" >&2
+    if command -v apt-get >/dev/null; then
+      echo "setup: installing them needs root; run:  sudo apt-get install -y ${missing[*]}  and then this script again" >&2
+    else
+      echo "setup: install the equivalents with your system's package manager (a C compiler and make, cmake, python3's venv module), then run this script again" >&2
+    fi
+    exit 1
+  fi
+fi
+echo "setup: system prerequisites present (cc, make, cmake, python3 venv)"
+[ "${1:-}" = --prereqs-only ] && exit 0
+mkdir -p "$home"
 
 ORT_VERSION=1.31.1
 OGA_VERSION=0.18.0
 NEUTTS_VERSION=1.4.1
 OPENAI_VERSION=3.57.0
 GGUF_VERSION=0.19.0
+TOKENIZERS_VERSION=0.23.3
 
 if [ ! -x "$home/venv/bin/python" ]; then
   "$py" -m venv "$home/venv"
 fi
 stamp="$home/venv/.onebit-reqs"
-reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION ${ONEBIT_EXTRA_PIP:-}"
+reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION ${ONEBIT_EXTRA_PIP:-}"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
   echo "$reqs" > "$stamp"

@@ -34,6 +34,10 @@ struct Cli {
     /// Less output: no progress bars, warnings and errors only.
     #[arg(short, long, global = true)]
     quiet: bool,
+    /// More log lines: INFO for every command (say and the other one-shot commands log
+    /// warnings only by default; serve logs INFO). ONEBIT_LOG or RUST_LOG (an EnvFilter) win.
+    #[arg(long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -645,9 +649,18 @@ struct OutArgs {
 fn output_spec(o: &OutArgs, path: &Path) -> Result<OutputSpec> {
     let format = match &o.format {
         Some(f) => f.parse::<AudioFormat>()?,
-        None => match path.extension().and_then(|e| e.to_str()) {
-            Some(ext) if ext != "raw" => ext.parse::<AudioFormat>().unwrap_or(AudioFormat::Wav),
-            _ => AudioFormat::Wav,
+        // An extension that names no format is refused: writing WAV under it would mislabel
+        // the file. `.raw` is the usual name for headerless samples, i.e. pcm.
+        None => match path.extension().map(|e| e.to_string_lossy()) {
+            None => AudioFormat::Wav,
+            Some(ext) if ext.eq_ignore_ascii_case("raw") => AudioFormat::Pcm,
+            Some(ext) => ext.parse::<AudioFormat>().map_err(|_| {
+                anyhow::anyhow!(
+                    "{}: unknown output extension {ext:?}; name the file .mp3, .opus, .flac, .wav, .pcm (or .raw), or give --format ({})",
+                    path.display(),
+                    onebit_tts::audio::SUPPORTED_FORMATS
+                )
+            })?,
         },
     };
     let spec = OutputSpec {
@@ -748,10 +761,11 @@ fn say(
     let secs = report.audio_seconds();
     let cps = metrics::codes_per_second(report.codes.len(), report.timings.decode);
     eprintln!(
-        "wrote {} — {:.2} s of audio, {} codes, {:.1} codes/s ({:.2}x real time) on {}, RTF {:.3}, seed {}, prompt {} tokens",
+        "wrote {} — {:.2} s of audio, {} codes, finish {}, {:.1} codes/s ({:.2}x real time) on {}, RTF {:.3}, seed {}, prompt {} tokens",
         output.display(),
         secs,
         report.codes.len(),
+        report.stop.finish_reason(),
         cps,
         cps / 50.0,
         synth.device_label(),
@@ -1064,11 +1078,17 @@ fn run(cli: Cli) -> Result<()> {
             match name {
                 None => {
                     for (v, path) in store.iter() {
+                        let license = if v.license.is_empty() {
+                            "licence unknown"
+                        } else {
+                            v.license.as_str()
+                        };
                         println!(
-                            "{:<16} {:<6} {:>6.2} s  {}",
+                            "{:<16} {:<6} {:>6.2} s  {:<44} {}",
                             v.name,
                             v.language,
                             v.seconds(),
+                            license,
                             path.display()
                         );
                     }
@@ -1603,8 +1623,16 @@ impl std::error::Error for Silent {}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default = if cli.quiet { "warn" } else { "info" };
+    // A one-shot command's user wants its progress and summary, not the server's INFO lines;
+    // the server (and the worker, whose lines the parent re-logs) keeps them.
+    let long_running = matches!(cli.cmd, Cmd::Serve { .. } | Cmd::Worker);
+    let default = if cli.verbose || (long_running && !cli.quiet) {
+        "info"
+    } else {
+        "warn"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("ONEBIT_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_env("RUST_LOG"))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default},ort=warn")));
     if matches!(cli.cmd, Cmd::Worker) {
         // Plain `LEVEL message` lines: the parent adds the time and re-logs each at its level.
@@ -1622,6 +1650,8 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        // Colour codes only for a person at a terminal, not in a log file or a test's pipe.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -212,7 +212,8 @@ pub enum SynthEvent<'a> {
         count: usize,
         text: &'a str,
         prompt_tokens: usize,
-        /// Codes this piece may generate at most (budget minus prompt).
+        /// Codes this piece may generate at most: its text's code budget, bounded by the context
+        /// after its prompt and by what is left of the request's max_new_tokens.
         max_new_tokens: usize,
     },
     /// One more code was generated (index counts over the whole request).
@@ -227,6 +228,8 @@ pub struct SynthesisReport {
     pub codes: Vec<u32>,
     pub prompt_tokens: usize,
     pub seed: u64,
+    /// Why the request ended: cancelled; else `Length` when any piece stopped at its limit
+    /// (text budget, context or max_new_tokens) or pieces were left out; else the last stop id.
     pub stop: StopReason,
     /// Decoded samples at the codec rate (before any speed change or resampling).
     pub samples: usize,
@@ -317,6 +320,31 @@ pub struct Piece {
     pub ids: Vec<u32>,
     /// Codes this piece is expected to need, from the voice's speaking rate.
     pub estimated_codes: usize,
+    /// Codes this piece may make at most, from its text ([`code_budget`]).
+    pub max_codes: usize,
+}
+
+/// Speaking rate the code budget assumes, in characters of prepared text (phonemes, or the
+/// normalised text of a BPE model) per second. The vendor's five reference voices speak 16-23
+/// transcript characters per second (dave 172 in 7.4 s, mateo 103 in 6.4 s) and an espeak
+/// phoneme string is about as long as its text, so 15 is a slow reader.
+pub const BUDGET_CHARS_PER_SECOND: f64 = 15.0;
+/// How much longer than that estimate a piece may run: room for pauses, slow voices and a
+/// model that drawls, while a model that never says its end token stops within a few times the
+/// text's length instead of at the context limit (79 s of audio for "hi").
+pub const BUDGET_FACTOR: f64 = 3.0;
+/// Codes every piece may make whatever its length (2 s): a one-word piece's onset and release
+/// are most of its audio.
+pub const BUDGET_FLOOR_CODES: usize = 100;
+
+/// The most codes a piece of prepared text may generate: 50 codes/s x its estimated seconds x
+/// [`BUDGET_FACTOR`] + [`BUDGET_FLOOR_CODES`], i.e. 10 codes per character plus 100 ("hi", four
+/// phoneme characters, gets 140 codes: 2.8 s).
+pub fn code_budget(prepared: &str) -> usize {
+    use crate::package::{CODEC_HOP, CODEC_SAMPLE_RATE};
+    let codes_per_second = f64::from(CODEC_SAMPLE_RATE) / CODEC_HOP as f64;
+    let seconds = prepared.chars().count() as f64 / BUDGET_CHARS_PER_SECOND;
+    (seconds * codes_per_second * BUDGET_FACTOR).ceil() as usize + BUDGET_FLOOR_CODES
 }
 
 /// Pause inserted between pieces of a long text, and the fade that keeps the joins click-free.
@@ -377,6 +405,7 @@ impl FrontEnd {
             return Ok((
                 vec![Piece {
                     text: whole,
+                    max_codes: code_budget(&prepared),
                     prepared,
                     ids,
                     estimated_codes: est,
@@ -390,20 +419,38 @@ impl FrontEnd {
             let n = build(prepared)?.len() + estimate(prepared);
             Ok((n <= budget, n))
         };
+        // A unit with no letter or digit (only emoji or symbols) has nothing to speak: it is
+        // dropped with a warning instead of failing a request that has speakable text elsewhere
+        // (`whole` has some, or normalising it above would have failed).
+        let prepare = |t: &str| -> Result<Option<String>, SynthError> {
+            match self.prepare_text(t, format, lang) {
+                Ok(p) => Ok(Some(p)),
+                Err(TextError::NothingSpeakable) => {
+                    tracing::warn!("skipping {t:?}: nothing to speak in it (no letter or digit)");
+                    Ok(None)
+                }
+                Err(e) => Err(e.into()),
+            }
+        };
         let mut units: Vec<(String, String)> = Vec::new();
         for sentence in text::split_sentences(&whole) {
-            let p = self.prepare_text(&sentence, format, lang)?;
+            let Some(p) = prepare(&sentence)? else {
+                continue;
+            };
             if fits(&p)?.0 {
                 units.push((sentence, p));
                 continue;
             }
             for clause in text::split_clauses(&sentence) {
-                let p = self.prepare_text(&clause, format, lang)?;
+                let Some(p) = prepare(&clause)? else {
+                    continue;
+                };
                 if fits(&p)?.0 {
                     units.push((clause, p));
                     continue;
                 }
                 // Group words greedily; a single word that cannot fit is an error, never a cut.
+                // `cur` is empty or speakable, so only a lone word can be dropped.
                 let mut cur = String::new();
                 for word in clause.split_whitespace() {
                     let cand = if cur.is_empty() {
@@ -411,7 +458,9 @@ impl FrontEnd {
                     } else {
                         format!("{cur} {word}")
                     };
-                    let cp = self.prepare_text(&cand, format, lang)?;
+                    let Some(cp) = prepare(&cand)? else {
+                        continue;
+                    };
                     if fits(&cp)?.0 {
                         cur = cand;
                         continue;
@@ -424,10 +473,13 @@ impl FrontEnd {
                             budget,
                         });
                     }
-                    let p = self.prepare_text(&cur, format, lang)?;
-                    units.push((std::mem::take(&mut cur), p));
+                    if let Some(p) = prepare(&cur)? {
+                        units.push((std::mem::take(&mut cur), p));
+                    }
+                    let Some(wp) = prepare(word)? else {
+                        continue;
+                    };
                     cur = word.to_owned();
-                    let wp = self.prepare_text(&cur, format, lang)?;
                     let (ok, needed) = fits(&wp)?;
                     if !ok {
                         return Err(SynthError::WordTooLong {
@@ -437,8 +489,9 @@ impl FrontEnd {
                         });
                     }
                 }
-                if !cur.is_empty() {
-                    let p = self.prepare_text(&cur, format, lang)?;
+                if !cur.is_empty()
+                    && let Some(p) = prepare(&cur)?
+                {
                     units.push((cur, p));
                 }
             }
@@ -458,6 +511,7 @@ impl FrontEnd {
                         let estimated_codes = estimate(&cp);
                         pieces.push(Piece {
                             text: ct,
+                            max_codes: code_budget(&cp),
                             prepared: cp,
                             ids,
                             estimated_codes,
@@ -472,6 +526,7 @@ impl FrontEnd {
             let estimated_codes = estimate(&cp);
             pieces.push(Piece {
                 text: ct,
+                max_codes: code_budget(&cp),
                 prepared: cp,
                 ids,
                 estimated_codes,
@@ -666,14 +721,29 @@ impl Synthesizer {
         };
 
         let many = pieces.len() > 1;
+        // The request's max_new_tokens bounds the whole request: what is left of it carries over
+        // from piece to piece.
+        let mut left = req.generation.max_new_tokens;
+        // Some piece ended at its limit rather than at the end token.
+        let mut cut = false;
         for (i, piece) in pieces.iter().enumerate() {
             if cancel.is_cancelled() {
                 out.stop = StopReason::Cancelled;
                 break;
             }
+            if left == Some(0) {
+                tracing::warn!(
+                    "max_new_tokens ({}) used up after {i} of {} pieces: the rest is not spoken (finish reason length)",
+                    req.generation.max_new_tokens.unwrap_or_default(),
+                    pieces.len()
+                );
+                cut = true;
+                break;
+            }
+            let (limit, limited_by) =
+                piece_limit(piece, budget, req.generation.min_new_tokens, left);
             let mut params = req.generation.clone();
-            let room = budget.saturating_sub(piece.ids.len());
-            params.max_new_tokens = Some(params.max_new_tokens.map_or(room, |m| m.min(room)));
+            params.max_new_tokens = Some(limit);
             if let Some(seed) = params.sampling.seed {
                 // Each piece gets its own stream, still fixed by the request's seed.
                 params.sampling.seed = Some(seed.wrapping_add(i as u64));
@@ -683,7 +753,7 @@ impl Synthesizer {
                 count: pieces.len(),
                 text: &piece.text,
                 prompt_tokens: piece.ids.len(),
-                max_new_tokens: params.max_new_tokens.unwrap_or(room),
+                max_new_tokens: limit,
             })
             .is_break()
             {
@@ -793,6 +863,16 @@ impl Synthesizer {
                 out.stop = StopReason::Cancelled;
                 break;
             }
+            left = left.map(|l| l.saturating_sub(generation.codes.len()));
+            if generation.stop == StopReason::Length {
+                tracing::warn!(
+                    "piece {}/{} ended at {limit} codes ({limited_by}) without its end token (finish reason length): {:?}",
+                    i + 1,
+                    pieces.len(),
+                    piece.text
+                );
+                cut = true;
+            }
             let t = Instant::now();
             let mut rest = match stream {
                 Some(stream) => stream.finish().map_err(stream_error)?,
@@ -808,6 +888,9 @@ impl Synthesizer {
                 out.stop = StopReason::Cancelled;
                 break;
             }
+        }
+        if cut && out.stop != StopReason::Cancelled {
+            out.stop = StopReason::Length;
         }
         if out.stop != StopReason::Cancelled {
             let t = Instant::now();
@@ -825,6 +908,28 @@ impl Synthesizer {
         out.timings.total = t0.elapsed();
         Ok(out)
     }
+}
+
+/// The most codes a piece may generate, and what sets it: its text's [`code_budget`] (raised
+/// to an explicit `min_new_tokens`, which the end token cannot beat anyway), the model's context
+/// after the prompt, and what is left of the request's `max_new_tokens`, whichever is least.
+fn piece_limit(
+    piece: &Piece,
+    context: usize,
+    min_new: usize,
+    left: Option<usize>,
+) -> (usize, &'static str) {
+    let mut limit = (piece.max_codes.max(min_new), "its text's code budget");
+    let room = context.saturating_sub(piece.ids.len());
+    if room < limit.0 {
+        limit = (room, "the model's context");
+    }
+    if let Some(l) = left
+        && l < limit.0
+    {
+        limit = (l, "the request's max_new_tokens");
+    }
+    limit
 }
 
 /// Linear fades over the first `fade_in` and last `fade_out` samples.

@@ -191,3 +191,224 @@ fn bench_names_the_thread_plan_it_ran_with() {
     let bad = error_line(&cli(&["bench", "--thread-policy", "fast"]));
     assert!(bad.contains("unknown thread policy \"fast\""), "{bad}");
 }
+
+/// The shipped voices are listed with their language and licence.
+#[test]
+fn voices_list_shows_language_and_licence() {
+    let o = cli(&["voices", "list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = common::stdout(&o);
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} not listed: {out}"))
+            .to_owned()
+    };
+    for (name, lang) in [("dave", "en-us"), ("greta", "de"), ("juliette", "fr-fr")] {
+        let l = line(name);
+        assert!(
+            l.contains(&format!(" {lang} "))
+                && l.contains("NeuTTS Open License v1.0 (samples/LICENSE)"),
+            "{l}"
+        );
+    }
+    assert!(line("emily").contains("NeuTTS Open License v1.0"));
+    assert!(line("test").contains("CC0, generated"));
+}
+
+/// The chain package sampled never draws its end token: "hi" ends at its code budget, 140 codes
+/// (2.8 s, not the context's 79 s), and the summary and a warning say so.
+#[test]
+fn say_hi_on_the_test_package_gives_a_few_seconds() {
+    let out = common::tempdir("say-hi").join("hi.wav");
+    let model = common::model("tiny");
+    let o = cli(&[
+        "say",
+        "-q",
+        "--model",
+        model.to_str().unwrap(),
+        "--voice",
+        "test",
+        "--seed",
+        "3",
+        "-o",
+        out.to_str().unwrap(),
+        "hi",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(wav_len(&out), (24_000, 1, 140 * 480));
+    let err = stderr(&o);
+    assert!(
+        err.contains("2.80 s of audio, 140 codes, finish length"),
+        "{err}"
+    );
+    assert!(
+        err.contains("WARN") && err.contains("ended at 140 codes (its text's code budget)"),
+        "{err}"
+    );
+}
+
+/// A long text with a sentence of only emoji: that sentence is skipped with a warning and the rest
+/// is spoken; a text of only emoji and symbols is one error line.
+#[test]
+fn say_skips_an_emoji_only_sentence_and_refuses_an_all_emoji_text() {
+    let out = common::tempdir("say-emoji").join("emoji.wav");
+    let model = common::model("tiny");
+    let sentence = "The river runs slowly past the old stone houses of the valley, where people have watched it for years. ";
+    let text = format!("{}😀😀. {}", sentence.repeat(12), sentence.repeat(12));
+    let run = |text: &str| {
+        cli(&[
+            "say",
+            "-q",
+            "--model",
+            model.to_str().unwrap(),
+            "--voice",
+            "test",
+            "--temperature",
+            "0",
+            "-o",
+            out.to_str().unwrap(),
+            text,
+        ])
+    };
+    let o = run(&text);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("skipping \"😀😀.\": nothing to speak in it"),
+        "{err}"
+    );
+    assert!(err.contains("finish stop"), "{err}");
+    let (_, _, samples) = wav_len(&out);
+    assert!(samples > 2 * 120 * 480, "{samples} samples");
+
+    let line = error_line(&run("😀😀 🎉 ★"));
+    assert!(line.contains("nothing speakable"), "{line}");
+}
+
+/// `-o` names the format by its extension: an extension that names none is an error listing the
+/// formats (nothing is written), `--format` overrides it, and `.raw` is headerless pcm.
+#[test]
+fn output_extension_must_name_a_format_unless_format_is_given() {
+    let dir = common::tempdir("say-ext");
+    let model = common::model("tiny");
+    let say = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "say",
+            "-q",
+            "--model",
+            model.to_str().unwrap(),
+            "--voice",
+            "test",
+            "--temperature",
+            "0",
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        args.push("Hello world, this is a test.");
+        cli(&args)
+    };
+    let codes = common::expect("tiny")["test_voice_greedy_codes"]
+        .as_u64()
+        .unwrap() as usize;
+
+    let xyz = dir.join("out.xyz");
+    let line = error_line(&say(&xyz, &[]));
+    assert!(
+        line.contains("out.xyz: unknown output extension \"xyz\"")
+            && line.contains("mp3, opus, flac, wav, pcm")
+            && line.contains("--format"),
+        "{line}"
+    );
+    assert!(!xyz.exists() && !dir.join("out.xyz.partial").exists());
+
+    let o = say(&xyz, &["--format", "flac"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(&std::fs::read(&xyz).unwrap()[..4], b"fLaC");
+
+    let raw = dir.join("out.RAW");
+    let o = say(&raw, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&raw).unwrap().len(), codes * 480 * 2);
+
+    let mp3 = dir.join("out.mp3");
+    assert!(say(&mp3, &[]).status.success());
+    let head = std::fs::read(&mp3).unwrap();
+    assert!(
+        head.starts_with(b"ID3") || head[0] == 0xff,
+        "an MP3 frame or tag"
+    );
+}
+
+/// `say` prints its summary and warnings only; `--verbose` or RUST_LOG/ONEBIT_LOG bring the INFO
+/// lines back.
+#[test]
+fn say_logs_warnings_only_unless_asked() {
+    let out = common::tempdir("say-log").join("out.wav");
+    let model = common::model("tiny");
+    let args = |verbose: bool| {
+        let mut a = vec![
+            "say",
+            "--model",
+            model.to_str().unwrap(),
+            "--voice",
+            "test",
+            "--temperature",
+            "0",
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        if verbose {
+            a.push("--verbose");
+        }
+        a.push("Hello world, this is a test.");
+        a
+    };
+    let o = cli(&args(false));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "only the summary: {err}");
+    assert!(lines[0].starts_with("wrote "), "{err}");
+
+    for (verbose, env) in [
+        (true, None),
+        (false, Some(("RUST_LOG", "info"))),
+        (false, Some(("ONEBIT_LOG", "info"))),
+    ] {
+        let env: Vec<(&str, &str)> = env.into_iter().collect();
+        let o = common::cli_with(&args(verbose), &env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains(" INFO ") && err.contains("ONNX Runtime loaded"),
+            "{err}"
+        );
+    }
+}
+
+/// bench reports each run's finish reason: greedy on the chain package every text ends on the end
+/// token, so no run is flagged as cut.
+#[test]
+fn bench_json_reports_each_runs_finish_reason() {
+    let o = cli(&[
+        "bench",
+        "-q",
+        "--model",
+        "models/tiny",
+        "--runs",
+        "1",
+        "--temperature",
+        "0",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    for r in runs {
+        assert_eq!(r["finish"], "stop", "{r}");
+        assert_eq!(r["codes"], 120, "{r}");
+    }
+}

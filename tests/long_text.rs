@@ -6,7 +6,7 @@ mod common;
 use std::ops::ControlFlow;
 
 use onebit_tts::audio::{AudioFormat, OutputSpec};
-use onebit_tts::engine::{CancelToken, GenerationParams, SamplingParams};
+use onebit_tts::engine::{CancelToken, GenerationParams, SamplingParams, StopReason};
 use onebit_tts::synth::{
     PIECE_PAUSE_S, SpeechRequest, SynthConfig, SynthError, SynthEvent, Synthesizer,
 };
@@ -170,4 +170,105 @@ fn unsupported_language_and_nothing_speakable_are_clear_errors() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("nothing speakable"), "{err}");
+}
+
+/// `count` sentences of about 95 characters: with the test voice a piece holds about seven, so
+/// 30 make several pieces.
+fn sentences(from: usize, count: usize) -> String {
+    (from..from + count)
+        .map(|i| {
+            format!(
+                "Sentence {i} tells the story of a quiet valley, where the river runs slowly past old stone houses. "
+            )
+        })
+        .collect()
+}
+
+/// Runs a request and returns its report with each piece's (text, max_new_tokens).
+fn run_pieces(
+    s: &Synthesizer,
+    req: &SpeechRequest,
+) -> (onebit_tts::synth::SynthesisReport, Vec<(String, usize)>) {
+    let mut pieces = Vec::new();
+    let report = s
+        .synthesize(req, &CancelToken::new(), &mut |ev| {
+            if let SynthEvent::Piece {
+                text,
+                max_new_tokens,
+                ..
+            } = ev
+            {
+                pieces.push((text.to_owned(), max_new_tokens));
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    (report, pieces)
+}
+
+/// The chain package sampled never draws its end token (it runs to the context, 79 s, without a
+/// limit): "hi" is four phoneme characters, so its code budget is 4 x 10 + 100 = 140 codes, 2.8 s.
+#[test]
+fn a_piece_that_never_ends_stops_at_its_texts_code_budget() {
+    assert_eq!(onebit_tts::synth::code_budget("hˈaɪ"), 140);
+    let s = synth(0);
+    let mut req = request("hi".into());
+    req.generation.sampling = SamplingParams {
+        seed: Some(3),
+        ..SamplingParams::default()
+    };
+    let (report, pieces) = run_pieces(&s, &req);
+    assert_eq!(pieces, [("hi".to_owned(), 140)]);
+    assert_eq!(report.codes.len(), 140);
+    assert_eq!(report.stop, StopReason::Length);
+    assert_eq!(report.stop.finish_reason(), "length");
+    // Greedy, the chain ends on its own (120 codes) well inside the budget.
+    let (report, _) = run_pieces(&s, &request("hi".into()));
+    assert_eq!(report.codes.len(), 120);
+    assert!(
+        matches!(report.stop, StopReason::Stop(_)),
+        "{:?}",
+        report.stop
+    );
+}
+
+/// max_new_tokens bounds the request, not each piece: greedy pieces make 120 codes each, so 300
+/// allows two whole pieces and 60 codes of the third; the rest is not spoken.
+#[test]
+fn max_new_tokens_is_shared_by_the_pieces_of_a_request() {
+    let s = synth(0);
+    let mut req = request(sentences(0, 30));
+    let (whole, all) = run_pieces(&s, &req);
+    assert!(all.len() > 3, "{} pieces", all.len());
+    assert_eq!(whole.codes.len(), 120 * all.len());
+    assert!(matches!(whole.stop, StopReason::Stop(_)));
+
+    req.generation.max_new_tokens = Some(300);
+    let (report, pieces) = run_pieces(&s, &req);
+    let limits: Vec<usize> = pieces.iter().map(|p| p.1).collect();
+    assert_eq!(limits, [300, 180, 60]);
+    assert_eq!(report.codes.len(), 300);
+    assert_eq!(report.codes[..], whole.codes[..300]);
+    assert_eq!(report.stop, StopReason::Length);
+    // The audio holds exactly those codes and the two pauses between the three pieces.
+    assert_eq!(
+        report.samples,
+        300 * 480 + 2 * (PIECE_PAUSE_S * 24_000.0) as usize
+    );
+}
+
+/// A piece of a long text with nothing to speak (only emoji) is left out; the rest is spoken.
+#[test]
+fn an_emoji_only_sentence_of_a_long_text_is_skipped() {
+    let s = synth(0);
+    let text = format!("{}😀😀. {}", sentences(0, 15), sentences(15, 15));
+    let (report, pieces) = run_pieces(&s, &request(text.clone()));
+    assert!(pieces.len() > 3, "{} pieces", pieces.len());
+    let spoken: Vec<String> = pieces.into_iter().map(|p| p.0).collect();
+    let without: String = text.replace("😀😀. ", "");
+    assert_eq!(
+        spoken.join(" ").split_whitespace().collect::<Vec<_>>(),
+        without.split_whitespace().collect::<Vec<_>>()
+    );
+    assert_eq!(report.codes.len(), 120 * spoken.len());
 }

@@ -30,6 +30,13 @@ use onebit_tts::server::{ServerConfig, serve_on};
 use onebit_tts::synth::{FrontEnd, SynthConfig, Synthesizer, load_engine};
 
 const TEXT: &str = "Hello world, this is a test.";
+/// Long enough (about 400 characters) that its code budget lets a generation run for thousands
+/// of codes: for tests that need a generation still running when something happens.
+const LONG_TEXT: &str = "The river runs slowly past the old stone houses of the valley, and the people who live there \
+    have watched it for many years. In spring it rises with the melting snow, in summer it is low \
+    and clear, and in autumn the leaves of the tall trees float on it towards the sea. Nobody \
+    remembers a year when it did not come back, and nobody expects one, because the mountains \
+    are still there and the snow still falls on them every winter.";
 const SAMPLES_PER_CODE: usize = 480;
 /// How long a bounded wait on observable state may take before the test fails.
 const WAIT: Duration = Duration::from_secs(60);
@@ -611,6 +618,97 @@ async fn voices_models_health_and_metrics() {
     s.stop().await;
 }
 
+/// The chain package sampled never draws its end token: "hi" stops at its code budget (140
+/// codes, 2.8 s, not the context's 79 s), the answer says finish reason length, and /metrics
+/// counts generations by finish reason. Greedy, the chain ends by itself: finish reason stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runaway_generation_ends_at_its_budget_and_is_counted_by_finish_reason() {
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"input": "hi", "temperature": null, "seed": 3, "response_format": "wav"})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "x-onebit-finish-reason"), "length");
+    assert_eq!(codes_header(&r), 140);
+    assert_eq!(header(&r, "x-onebit-audio-seconds"), "2.800");
+    check_audio(
+        "wav",
+        &r.bytes().await.unwrap(),
+        24_000,
+        140 * SAMPLES_PER_CODE,
+        0,
+    );
+
+    let r = speak(&c, &s, &body(json!({"response_format": "wav"}))).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "x-onebit-finish-reason"), "stop");
+    assert_eq!(codes_header(&r), greedy_codes());
+
+    let text = metrics_text(&c, &s).await;
+    let finished = |reason: &str| {
+        metric(
+            &text,
+            &format!("onebit_generations_finished_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(
+        (finished("stop"), finished("length"), finished("cancelled")),
+        (1.0, 1.0, 0.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("onebit_generations_finished_total{reason=\"cancelled\"} 0\n"),
+        "every reason is exported: {text}"
+    );
+    assert_eq!(
+        metric(&text, "onebit_codes_generated_total"),
+        (140 + greedy_codes()) as f64
+    );
+    s.stop().await;
+}
+
+/// A long input (several pieces) with a sentence of only emoji: that piece is skipped and the
+/// rest is spoken (200, each greedy piece's 120 codes plus the pauses between pieces); an input
+/// with nothing speakable at all is a 400 nothing_speakable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emoji_only_piece_is_skipped_and_an_all_emoji_input_is_refused() {
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+    let half = format!("{LONG_TEXT} {LONG_TEXT}");
+    let input = format!("{half} 😀😀. {half}");
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"input": input, "response_format": "wav"})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "x-onebit-finish-reason"), "stop");
+    let codes = codes_header(&r);
+    let per_piece = greedy_codes();
+    assert!(
+        codes.is_multiple_of(per_piece) && codes / per_piece >= 2,
+        "{codes} codes"
+    );
+    let pause = (onebit_tts::synth::PIECE_PAUSE_S * 24_000.0) as usize;
+    check_audio(
+        "wav",
+        &r.bytes().await.unwrap(),
+        24_000,
+        codes * SAMPLES_PER_CODE + (codes / per_piece - 1) * pause,
+        0,
+    );
+
+    let r = speak(&c, &s, &body(json!({"input": "😀😀 🎉 ★"}))).await;
+    let msg = api_error(r, 400, Some("input"), Some("nothing_speakable")).await;
+    assert!(msg.contains("nothing speakable"), "{msg}");
+    s.stop().await;
+}
+
 // ---- Errors ----
 
 /// Extra fields, status, param, code, words the message must hold.
@@ -982,7 +1080,7 @@ async fn a_client_that_disconnects_mid_stream_cancels_its_generation() {
     let mut r = speak(
         &c,
         &s,
-        &json!({"model": "tiny-random", "voice": "test", "input": TEXT, "seed": 1,
+        &json!({"model": "tiny-random", "voice": "test", "input": LONG_TEXT, "seed": 1,
                 "response_format": "pcm", "stream_format": "audio", "max_new_tokens": long}),
     )
     .await;

@@ -1,4 +1,4 @@
-//! Voice import: the vendor's reference voices (../shared/voices-reference, and the neutts wheel's
+//! Voice import: the vendor's reference voices (samples/, shipped, and the neutts wheel's
 //! samples when scripts/setup.sh has unpacked them), torch files generated here without torch,
 //! .npy / JSON sources, folder imports, every refusal, and saving / removing voice files.
 
@@ -14,7 +14,7 @@ use onebit_tts::voice::{
 
 // ---------------------------------------------------------------------------------------------
 // A torch.save stand-in: the same zip layout and protocol-2 pickle bytes as the vendor's dave.pt
-// (checked byte for byte against it below when ../shared is present).
+// (checked byte for byte against it below).
 
 /// Builds pickle bytes the way Python's protocol-2 pickler does for these values: smallest int
 /// opcode, TUPLE1-3 for short tuples, a BINPUT after every memoizable object.
@@ -282,13 +282,19 @@ fn unpack_int32_member(pt: &Path, member: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The vendor's five voices: (name, language, codes, storage member prefix of NAME.pt).
+const VENDOR_VOICES: [(&str, &str, usize, &str); 5] = [
+    ("dave", "en-us", 372, "dave"),
+    ("greta", "de", 199, "fleurs_fem_1"),
+    ("jo", "en-us", 653, "jo"),
+    ("juliette", "fr-fr", 405, "voice_actor_fem"),
+    ("mateo", "es", 318, "voiceactor_male"),
+];
+
 #[test]
 fn vendor_voices_import_exactly() {
-    let Some(shared) = common::shared() else {
-        common::skip("vendor voices", "../shared absent");
-        return;
-    };
-    let dir = shared.join("voices-reference");
+    // The shipped copy of the vendor's samples/ (compared with ../shared below, when present).
+    let dir = common::repo().join("samples");
     let opts = ImportOptions {
         languages: BTreeMap::from([
             ("greta".into(), "de".into()),
@@ -300,15 +306,8 @@ fn vendor_voices_import_exactly() {
         ..ImportOptions::default()
     };
     let voices = import_path(&dir, &opts).unwrap();
-    let table = [
-        ("dave", "en-us", 372, "dave"),
-        ("greta", "de", 199, "fleurs_fem_1"),
-        ("jo", "en-us", 653, "jo"),
-        ("juliette", "fr-fr", 405, "voice_actor_fem"),
-        ("mateo", "es", 318, "voiceactor_male"),
-    ];
-    assert_eq!(voices.len(), table.len());
-    for (v, (name, lang, n, prefix)) in voices.iter().zip(table) {
+    assert_eq!(voices.len(), VENDOR_VOICES.len());
+    for (v, (name, lang, n, prefix)) in voices.iter().zip(VENDOR_VOICES) {
         assert_eq!((v.name.as_str(), v.language.as_str()), (name, lang));
         assert_eq!(v.codes.len(), n, "{name}");
         let pt = dir.join(format!("{name}.pt"));
@@ -331,6 +330,84 @@ fn vendor_voices_import_exactly() {
         .read_to_end(&mut pkl)
         .unwrap();
     assert_eq!(pkl, tensor_pickle("IntStorage", 372, 0, &[372], &[1]));
+}
+
+/// What a fresh clone ships: samples/ holds the vendor's files unchanged (byte for byte against
+/// ../shared/voices-reference when that is here), and voices/NAME.json holds exactly the codes of
+/// samples/NAME.pt (read by the importer and by a plain int32 unpack), its transcript, language,
+/// source and licence. Runs without ../shared: the byte comparison is then the only part left out.
+#[test]
+fn shipped_voices_are_the_vendor_codes_exactly() {
+    let samples = common::repo().join("samples");
+    let licence = std::fs::read_to_string(samples.join("LICENSE")).unwrap();
+    assert!(licence.contains("NeuTTS Open License v1.0"));
+    let readme = std::fs::read_to_string(samples.join("README.md")).unwrap();
+    assert!(
+        readme.contains("neuphonic/neutts") && readme.contains("NeuTTS Open License v1.0"),
+        "{readme}"
+    );
+    if let Some(shared) = common::shared() {
+        let reference = shared.join("voices-reference");
+        let mut files = vec!["LICENSE".to_owned()];
+        for (name, ..) in VENDOR_VOICES {
+            files.extend(["wav", "txt", "pt"].map(|ext| format!("{name}.{ext}")));
+        }
+        for f in files {
+            assert!(
+                std::fs::read(samples.join(&f)).unwrap()
+                    == std::fs::read(reference.join(&f)).unwrap(),
+                "samples/{f} differs from the vendor's"
+            );
+        }
+    }
+    let store = VoiceStore::open(&[common::repo().join("voices")]).unwrap();
+    let imported = import_path(&samples, &ImportOptions::default()).unwrap();
+    assert_eq!(imported.len(), VENDOR_VOICES.len());
+    for (fresh, (name, lang, n, prefix)) in imported.iter().zip(VENDOR_VOICES) {
+        let shipped = store.get(name).unwrap();
+        assert_eq!(shipped.codes.len(), n, "{name}");
+        assert_eq!(
+            shipped.codes, fresh.codes,
+            "{name}: codes of samples/{name}.pt"
+        );
+        assert_eq!(
+            shipped.codes,
+            unpack_int32_member(
+                &samples.join(format!("{name}.pt")),
+                &format!("{prefix}/data/0")
+            ),
+            "{name}"
+        );
+        assert_eq!(shipped.transcript, fresh.transcript, "{name}");
+        assert_eq!(shipped.language, lang, "{name}");
+        assert_eq!(
+            shipped.license, "NeuTTS Open License v1.0 (samples/LICENSE)",
+            "{name}"
+        );
+        assert!(
+            shipped
+                .source
+                .starts_with("neuphonic/neutts repository, samples/"),
+            "{name}: {}",
+            shipped.source
+        );
+    }
+    // The wheel's four voices are other speakers: none repeats a vendor voice's codes.
+    let wheel = ["emily", "paul", "sophie", "steven"];
+    for w in wheel {
+        let v = store.get(w).unwrap();
+        assert_eq!(v.license, "NeuTTS Open License v1.0", "{w}");
+        assert!(imported.iter().all(|f| f.codes != v.codes), "{w}");
+    }
+    // And they are the wheel's codes, when scripts/setup.sh has unpacked the wheel.
+    if let Some(dir) = onebit_tts::paths::in_homes("neutts/samples")
+        .into_iter()
+        .find(|d| d.join("emily.pt").exists())
+    {
+        for v in import_path(&dir, &ImportOptions::default()).unwrap() {
+            assert_eq!(store.get(&v.name).unwrap().codes, v.codes, "{}", v.name);
+        }
+    }
 }
 
 #[test]

@@ -37,6 +37,8 @@ pub struct Run {
     pub voice: String,
     pub run: usize,
     pub codes: usize,
+    /// `stop` (the end token), `length` (a piece reached its code limit) or `cancelled`.
+    pub finish: &'static str,
     pub prompt_tokens: usize,
     pub audio_s: f64,
     pub codes_per_s: f64,
@@ -237,6 +239,7 @@ pub fn run(
                     voice: voice.clone(),
                     run: r,
                     codes: report.codes.len(),
+                    finish: report.stop.finish_reason(),
                     prompt_tokens: report.prompt_tokens,
                     audio_s: report.audio_seconds(),
                     codes_per_s: cps,
@@ -336,6 +339,14 @@ impl Report {
                 st.decode.median,
                 st.codec.median,
                 st.encode.median
+            ));
+        }
+        // A run cut at its code limit measured a model that did not stop: say so under the table.
+        let cut = self.runs.iter().filter(|r| r.finish == "length").count();
+        if cut > 0 {
+            s.push_str(&format!(
+                "\n{cut} of {} runs ended at their code limit without the end token (finish reason length)\n",
+                self.runs.len()
             ));
         }
         s.push_str(&format!(

@@ -228,6 +228,17 @@ pub enum StopReason {
     Cancelled,
 }
 
+impl StopReason {
+    /// The name clients, logs and metrics use: `stop`, `length` or `cancelled`.
+    pub fn finish_reason(self) -> &'static str {
+        match self {
+            StopReason::Stop(_) => "stop",
+            StopReason::Length => "length",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// What one generation produced, with its timings.
 #[derive(Debug, Clone)]
 pub struct Generation {

@@ -4,11 +4,17 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crate::engine::StopReason;
 use crate::metrics::StageTimings;
+
+/// The labels of `onebit_generations_finished_total`, each always present.
+const FINISH_REASONS: [&str; 3] = ["stop", "length", "cancelled"];
 
 #[derive(Default)]
 pub struct Metrics {
     by_status: Mutex<BTreeMap<u16, u64>>,
+    /// Finished generations by finish reason: stop, length, cancelled.
+    by_finish: [AtomicU64; 3],
     codes: AtomicU64,
     cancelled: AtomicU64,
     /// Sums in microseconds / samples, for averages.
@@ -34,10 +40,22 @@ impl Metrics {
         }
     }
 
-    pub fn generated(&self, codes: usize, audio_seconds: f64, t: &StageTimings, cancelled: bool) {
+    pub fn generated(
+        &self,
+        codes: usize,
+        audio_seconds: f64,
+        t: &StageTimings,
+        finish: StopReason,
+    ) {
         self.codes.fetch_add(codes as u64, Ordering::Relaxed);
-        if cancelled {
+        if finish == StopReason::Cancelled {
             self.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(i) = FINISH_REASONS
+            .iter()
+            .position(|&r| r == finish.finish_reason())
+        {
+            self.by_finish[i].fetch_add(1, Ordering::Relaxed);
         }
         self.decode_us.fetch_add(us(t.decode), Ordering::Relaxed);
         self.audio_us
@@ -70,6 +88,13 @@ impl Metrics {
                     "onebit_requests_total{{status=\"{status}\"}} {n}\n"
                 ));
             }
+        }
+        s.push_str("# HELP onebit_generations_finished_total Generations by finish reason (stop: the end token; length: a piece reached its code limit; cancelled).\n# TYPE onebit_generations_finished_total counter\n");
+        for (reason, n) in FINISH_REASONS.iter().zip(&self.by_finish) {
+            s.push_str(&format!(
+                "onebit_generations_finished_total{{reason=\"{reason}\"}} {}\n",
+                n.load(Ordering::Relaxed)
+            ));
         }
         let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e6;
         let lines = [

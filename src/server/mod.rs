@@ -618,6 +618,10 @@ fn add_report_headers(h: &mut HeaderMap, report: &SynthesisReport) {
         ("x-onebit-codes", report.codes.len().to_string()),
         ("x-onebit-seed", report.seed.to_string()),
         (
+            "x-onebit-finish-reason",
+            report.stop.finish_reason().to_owned(),
+        ),
+        (
             "x-onebit-audio-seconds",
             format!("{:.3}", report.audio_seconds()),
         ),
@@ -776,7 +780,7 @@ async fn run_job(
                 report.codes.len(),
                 report.audio_seconds(),
                 &report.timings,
-                cancelled,
+                report.stop,
             );
             if deadline_passed && cancelled {
                 Err(timed_out(timeout))

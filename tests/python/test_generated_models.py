@@ -227,7 +227,7 @@ def main():
         try:
             import tokenizers  # noqa: F401
         except ImportError:
-            print("note  python package `tokenizers` not importable: skipping the HF tokenizers load check")
+            CHECKS.skip("tokenizers: the HF tokenizers load check", "python package tokenizers not importable")
             tokenizers = None
         if tokenizers is not None:
             tk = tokenizers.Tokenizer.from_file(os.path.join(pk["chain"], "tokenizer.json"))
