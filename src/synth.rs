@@ -570,9 +570,9 @@ impl Synthesizer {
         let candidates = Candidates::of(pkg);
         let device = engine.device();
         let worker = engine.worker();
-        let budget = engine
-            .budget()
-            .map_or(pkg.genai.token_budget(), |b| b.min(pkg.genai.token_budget()));
+        let budget = engine.budget().map_or(pkg.genai.token_budget(), |b| {
+            b.min(pkg.genai.token_budget())
+        });
         Self {
             budget,
             front,

@@ -272,3 +272,35 @@ fn an_emoji_only_sentence_of_a_long_text_is_skipped() {
     );
     assert_eq!(report.codes.len(), 120 * spoken.len());
 }
+
+#[test]
+fn pieces_are_planned_against_a_static_kv_cache_smaller_than_the_config() {
+    // models/tiny-static: search.max_length says 4096, the graph's KV cache holds 512 positions.
+    let s = Synthesizer::load(&SynthConfig {
+        package_dir: common::model("tiny-static"),
+        voice_dirs: vec![common::repo().join("voices")],
+        ..SynthConfig::default()
+    })
+    .unwrap();
+    assert_eq!(s.package().genai.token_budget(), 4096);
+    let text = sentences(0, 12);
+    let mut limits = Vec::new();
+    let report = s
+        .synthesize(&request(text), &CancelToken::new(), &mut |ev| {
+            if let SynthEvent::Piece {
+                prompt_tokens,
+                max_new_tokens,
+                ..
+            } = ev
+            {
+                limits.push((prompt_tokens, max_new_tokens));
+            }
+            ControlFlow::Continue(())
+        })
+        .expect("every piece fits the 512-position cache");
+    assert!(limits.len() > 1, "{limits:?}");
+    for (prompt, max_new) in &limits {
+        assert!(prompt + max_new <= 512, "{limits:?}");
+    }
+    assert_eq!(report.pieces, limits.len());
+}
