@@ -851,6 +851,7 @@ fn probe_config(model: &ModelArgs) -> Result<onebit_tts::engine::WorkerConfig> {
     )?;
     wcfg.ep_library = cfg.ep_library.clone();
     wcfg.timeouts = cfg.worker_timeouts;
+    wcfg.oga = cfg.oga_options();
     Ok(wcfg)
 }
 

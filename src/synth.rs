@@ -93,6 +93,20 @@ pub struct SynthConfig {
     pub worker_timeouts: WorkerTimeouts,
 }
 
+impl SynthConfig {
+    /// With `--engine oga`: onnxruntime-genai's settings, its runtime, threads and KV mode
+    /// defaulting to the ort engine's; `None` for our own loop.
+    pub fn oga_options(&self) -> Option<OgaOptions> {
+        (self.engine == EngineKind::Oga).then(|| {
+            let mut opts = self.oga.clone();
+            opts.ort_lib = opts.ort_lib.or_else(|| self.ort_lib.clone());
+            opts.intra_threads = opts.intra_threads.or(self.ort.intra_threads);
+            opts.kv_mode = opts.kv_mode.or(self.ort.kv_mode);
+            opts
+        })
+    }
+}
+
 /// The backbone's generation loop: our own over ONNX Runtime (default), or onnxruntime-genai's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EngineKind {
@@ -141,13 +155,8 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
         device: decision.device,
         ..cfg.ort.clone()
     };
+    let oga = cfg.oga_options();
     if decision.device == Device::Npu || cfg.isolate {
-        if cfg.engine == EngineKind::Oga {
-            return Err(EngineError::Params(
-                "--engine oga runs in this process only; the worker child (--device npu, --isolate) runs the ort engine".into(),
-            )
-            .into());
-        }
         let mut wcfg = WorkerConfig::from_process(
             pkg.dir.clone(),
             cfg.ort_lib.clone(),
@@ -162,21 +171,18 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
             allow_cpu_fallback: cfg.allow_cpu_fallback,
         });
         wcfg.ep_library = cfg.ep_library.clone();
+        wcfg.oga = oga;
         let mut worker = WorkerEngine::new(wcfg);
         worker.start()?;
         return Ok(Box::new(worker));
     }
-    match cfg.engine {
-        EngineKind::Ort => {
+    match oga {
+        None => {
             let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
             let backbone = engine::OrtBackbone::load(env, pkg, &ort)?;
             Ok(Box::new(LocalEngine(Box::new(backbone))))
         }
-        EngineKind::Oga => {
-            let mut opts = cfg.oga.clone();
-            opts.ort_lib = opts.ort_lib.or_else(|| cfg.ort_lib.clone());
-            opts.intra_threads = opts.intra_threads.or(cfg.ort.intra_threads);
-            opts.kv_mode = opts.kv_mode.or(cfg.ort.kv_mode);
+        Some(opts) => {
             let backbone = engine::OgaBackbone::load(pkg, &opts)?;
             Ok(Box::new(LocalEngine(Box::new(backbone))))
         }

@@ -651,3 +651,103 @@ fn the_server_with_the_oga_engine_answers_speech_requests() {
         server.log()
     );
 }
+
+/// `--engine oga` inside the worker child: the same sampler over onnxruntime-genai's loop, so a
+/// seeded take is byte-identical to the in-process one (tiny-random: sampling matters there).
+#[test]
+fn oga_in_the_worker_child_gives_the_same_bytes_as_in_process() {
+    let dir = common::tempdir("oga-isolate");
+    let model = common::model("tiny-random");
+    let mut files = Vec::new();
+    for isolate in [false, true] {
+        let out = dir.join(format!("isolate-{isolate}.wav"));
+        let mut args = vec![
+            "say",
+            "-q",
+            "--engine",
+            "oga",
+            "--model",
+            model.to_str().unwrap(),
+            "--voice",
+            "test",
+            "--seed",
+            "1234",
+            "--max-new-tokens",
+            "120",
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        if isolate {
+            args.push("--isolate");
+        }
+        args.push(TEXT);
+        let o = cli(&args, &[]);
+        assert!(o.status.success(), "isolate {isolate}: {}", stderr(&o));
+        files.push(std::fs::read(&out).unwrap());
+    }
+    assert!(files[0].len() > 44);
+    assert_eq!(
+        files[0], files[1],
+        "the worker's oga take equals the in-process one"
+    );
+}
+
+/// `--device npu --engine oga`: onnxruntime-genai attaches the (stub) RyzenAI provider itself in
+/// the worker, custom ops by library; its loop reports no node placement and no NPU worked for the
+/// worker, so the probe says unproven (exit 2), never proven.
+#[test]
+fn npu_probe_with_the_oga_engine_never_claims_the_npu_without_evidence() {
+    let dir = common::tempdir("oga-npu-probe");
+    let pkg = dir.join("pkg");
+    std::fs::create_dir_all(&pkg).unwrap();
+    let src = common::model("tiny");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != "genai_config.json" {
+            std::os::unix::fs::symlink(e.path(), pkg.join(e.file_name())).unwrap();
+        }
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("genai_config.json")).unwrap())
+            .unwrap();
+    cfg["model"]["decoder"]["session_options"]["provider_options"] =
+        serde_json::json!([{"RyzenAI": {}}]);
+    std::fs::write(pkg.join("genai_config.json"), cfg.to_string()).unwrap();
+    let stub = common::stub_ep();
+    let rec = dir.join("record.jsonl");
+    let o = cli(
+        &[
+            "-q",
+            "npu",
+            "probe",
+            "--engine",
+            "oga",
+            "--model",
+            pkg.to_str().unwrap(),
+            "--json",
+        ],
+        &[
+            ("RYZENAI_EP_PATH", stub.to_str().unwrap()),
+            ("ONEBIT_STUB_EP_RECORD", rec.to_str().unwrap()),
+        ],
+    );
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("probe json ({e}): {}", stderr(&o)));
+    assert_eq!(o.status.code(), Some(2), "{j}");
+    assert_eq!(j["residency"]["state"], "unproven", "{j}");
+    assert!(
+        j["engine"].as_str().is_some_and(|e| e.starts_with("oga ")),
+        "{j}"
+    );
+    assert!(j["placement"].is_null(), "{j}");
+    let reasons = j["residency"]["reasons"].to_string();
+    assert!(reasons.contains("placement is unknown"), "{reasons}");
+    assert!(reasons.contains("no readable accel fd"), "{reasons}");
+    // onnxruntime-genai reached the provider: registered it, its custom ops by library.
+    let recorded = std::fs::read_to_string(&rec).unwrap();
+    assert!(
+        recorded.contains(r#""event":"register_custom_ops""#),
+        "{recorded}"
+    );
+    assert!(recorded.contains(r#""event":"create_ep""#), "{recorded}");
+}

@@ -58,6 +58,7 @@ fn cpu_config() -> WorkerConfig {
         roots: SystemRoots::default(),
         retry_delay: None,
         ep_library: None,
+        oga: None,
     }
 }
 

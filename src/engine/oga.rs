@@ -33,7 +33,7 @@ use std::sync::{Mutex, OnceLock};
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use super::{Backbone, EngineError, KvMode};
-use crate::package::ModelPackage;
+use crate::package::{BackbonePackage, ModelPackage};
 use crate::paths;
 
 /// Environment variable naming libonnxruntime-genai.so (the CLI's `--oga-lib`).
@@ -493,7 +493,8 @@ pub fn library(explicit: Option<&Path>) -> Result<&'static OgaLibrary, OgaLoadEr
 }
 
 /// How a decode step hands our token to OGA (see the module docs).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OgaStep {
     /// Append mode, switching to generate mode if OGA refuses continuous decoding.
     #[default]
@@ -505,7 +506,7 @@ pub enum OgaStep {
 }
 
 /// Settings of the OGA backbone; `None` means the package's genai_config.json decides.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct OgaOptions {
     /// libonnxruntime-genai.so (the `--oga-lib` flag); see [`library`] for the search.
     pub lib: Option<PathBuf>,
@@ -567,13 +568,19 @@ impl OgaBackbone {
     /// [`crate::runtime`] (`opts.ort_lib`), so OGA finds the same library.
     pub fn load(pkg: &ModelPackage, opts: &OgaOptions) -> Result<Self, crate::Error> {
         crate::runtime::environment(opts.ort_lib.as_deref())?;
+        Ok(Self::load_backbone(&pkg.backbone(), opts)?)
+    }
+
+    /// Loads from the backbone's part of a package (what the engine worker has), with the
+    /// ONNX Runtime this process already loaded.
+    pub fn load_backbone(pkg: &BackbonePackage, opts: &OgaOptions) -> Result<Self, EngineError> {
         let lib = library(opts.lib.as_deref()).map_err(EngineError::from)?;
-        Ok(Self::with_library(lib, pkg, opts)?)
+        Self::with_library(lib, pkg, opts)
     }
 
     fn with_library(
         lib: &'static OgaLibrary,
-        pkg: &ModelPackage,
+        pkg: &BackbonePackage,
         opts: &OgaOptions,
     ) -> Result<Self, EngineError> {
         let api = &lib.api;

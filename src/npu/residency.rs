@@ -14,7 +14,9 @@
 //!    steps ([`AccelUsage`]), or `/sys/class/accel/accel0/device/mem_usage` grew across the load
 //!    (not every driver has that file).
 //!
-//! Residency is [`ResidencyState::Proven`] only with both; `Unproven` lists every missing piece;
+//! Residency is [`ResidencyState::Proven`] only with activity and a placement that does not refute
+//! it (unknown placement, as onnxruntime-genai's loop leaves it, lets the counters decide; a
+//! placement with no node on the provider refutes it); `Unproven` lists every missing piece;
 //! `Failed` means the provider could not even be set up. Unknown is reported as unknown.
 
 use std::collections::BTreeMap;
@@ -228,20 +230,22 @@ impl fmt::Display for Residency {
 pub fn weigh(evidence: Evidence, provider: &str) -> Residency {
     let mut proofs = Vec::new();
     let mut missing = Vec::new();
+    // Placement can refute residency (the provider declined every node) or support it; when it
+    // is unknown (onnxruntime-genai's loop does not report it) the device's own counters decide.
     let placed = match &evidence.placement {
         None => {
             missing.push(
-                "ONNX Runtime's node placement is unknown, so nothing shows that any node \
-                 runs on the provider"
+                "ONNX Runtime's node placement is unknown (this loop does not report it), so \
+                 only the device's counters can show where the model runs"
                     .to_owned(),
             );
-            false
+            None
         }
         Some(p) if p.nodes_on(provider) == 0 => {
             missing.push(format!(
                 "ONNX Runtime placed no node on {provider} ({p}): the provider declined the graph"
             ));
-            false
+            Some(false)
         }
         Some(p) => {
             proofs.push(format!(
@@ -249,7 +253,7 @@ pub fn weigh(evidence: Evidence, provider: &str) -> Residency {
                 p.nodes_on(provider),
                 p.total()
             ));
-            true
+            Some(true)
         }
     };
     let busy = match (&evidence.accel_before, &evidence.accel_after) {
@@ -302,7 +306,10 @@ pub fn weigh(evidence: Evidence, provider: &str) -> Residency {
         }
     };
     missing.extend(evidence.notes.iter().cloned());
-    if placed && (busy || mem) {
+    if placed != Some(false) && (busy || mem) {
+        if placed.is_none() {
+            proofs.push("node placement unknown (not reported by this loop)".to_owned());
+        }
         Residency {
             state: ResidencyState::Proven,
             reasons: proofs,
@@ -464,6 +471,24 @@ mod tests {
         assert_eq!(r.reasons.len(), 3, "{r}");
         assert!(r.reasons[0].contains("placement is unknown"));
         assert!(r.reasons[1].contains("no readable accel fd"));
+    }
+
+    #[test]
+    fn unknown_placement_leaves_it_to_the_device_counters() {
+        let r = weigh_npu(Evidence {
+            accel_before: busy(10),
+            accel_after: busy(20),
+            decode_steps: 8,
+            ..Evidence::default()
+        });
+        assert!(r.is_proven(), "{r}");
+        assert!(r.to_string().contains("node placement unknown"), "{r}");
+        let r = weigh_npu(Evidence {
+            accel_before: busy(10),
+            accel_after: busy(10),
+            ..Evidence::default()
+        });
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
     }
 
     #[test]

@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use super::protocol::{
     Generate, Hello, Load, Loaded, Reply, Request, Summary, WireError, read_frame, write_frame,
 };
-use crate::engine::{self, Backbone, CancelToken, Device, EngineError, OrtBackbone};
+use crate::engine::{self, Backbone, CancelToken, Device, EngineError, OgaBackbone, OrtBackbone};
 use crate::npu::residency::{Evidence, Residency, sample_accel, sample_mem_usage, weigh_npu};
 use crate::npu::{SystemRoots, holds_accel};
 use crate::package::BackbonePackage;
@@ -174,7 +174,7 @@ fn serve(
     if write_frame(&mut out, &Reply::Hello(hello)).is_err() {
         return ExitCode::FAILURE;
     }
-    let mut backbone: Option<OrtBackbone> = None;
+    let mut backbone: Option<Box<dyn Backbone>> = None;
     let mut code = ExitCode::SUCCESS;
     while let Ok(input) = rx.recv() {
         let sent = match input {
@@ -202,7 +202,7 @@ fn serve(
                 write_frame(&mut out, &reply)
             }
             Input::Generate(g, token) => {
-                let sent = run(backbone.as_mut(), &g, &token, &mut out);
+                let sent = run(backbone.as_deref_mut(), &g, &token, &mut out);
                 let mut r = running.lock().unwrap_or_else(|p| p.into_inner());
                 if r.as_ref().is_some_and(|(id, _)| *id == g.id) {
                     *r = None;
@@ -230,11 +230,12 @@ fn serve(
     code
 }
 
-fn load_backbone(load: &Load) -> Result<(OrtBackbone, Loaded), EngineError> {
+fn load_backbone(load: &Load) -> Result<(Box<dyn Backbone>, Loaded), EngineError> {
     let npu = load.ort.device == Device::Npu;
     // The RyzenAI provider only works with the ONNX Runtime it was built against: on the NPU
     // route with a venv, that one or none.
     let root = std::env::var_os(crate::npu::env::RYZENAI_ROOT_VAR).filter(|v| !v.is_empty());
+    // onnxruntime-genai runs on the ONNX Runtime loaded here (one per process).
     let env = match (&load.ort_lib, npu, root) {
         (None, true, Some(root)) => {
             let (path, version) = crate::runtime::paired_with_venv(std::path::Path::new(&root))
@@ -256,10 +257,28 @@ fn load_backbone(load: &Load) -> Result<(OrtBackbone, Loaded), EngineError> {
     } else {
         None
     };
-    let mut b = OrtBackbone::load_backbone(env, &pkg, &load.ort)?;
+    // Our loop knows where ONNX Runtime put the nodes and what the provider was given;
+    // onnxruntime-genai's attaches the package's providers itself and says neither.
+    let (mut b, providers, placement, provider_setup): (Box<dyn Backbone>, _, _, _) =
+        match &load.oga {
+            None => {
+                let b = OrtBackbone::load_backbone(env, &pkg, &load.ort)?;
+                let providers = b.providers().to_vec();
+                let placement = b.placement().cloned();
+                let setup = b.provider_setup().cloned();
+                (Box::new(b), providers, placement, setup)
+            }
+            Some(opts) => {
+                let b = OgaBackbone::load_backbone(&pkg, opts)?;
+                let providers = pkg.genai.model.decoder.session_options.providers();
+                let providers = providers.iter().map(|p| p.to_string()).collect();
+                (Box::new(b), providers, None, None)
+            }
+        };
     let residency = if npu {
         Some(gather_evidence(
-            &mut b,
+            b.as_mut(),
+            placement.clone(),
             &load.roots,
             load.evidence_steps,
             mem_before,
@@ -270,12 +289,16 @@ fn load_backbone(load: &Load) -> Result<(OrtBackbone, Loaded), EngineError> {
     };
     let loaded = Loaded {
         engine: b.describe(),
-        device: b.device(),
-        providers: b.providers().to_vec(),
+        device: if load.oga.is_some() {
+            load.ort.device
+        } else {
+            b.device()
+        },
+        providers,
         runtime: crate::runtime::info()
             .map(|i| format!("{} ({}; {})", i.path.display(), i.version, i.source)),
-        placement: b.placement().cloned(),
-        provider_setup: b.provider_setup().cloned(),
+        placement,
+        provider_setup,
         residency,
         budget: Some(b.budget()),
     };
@@ -296,11 +319,12 @@ fn load_backbone(load: &Load) -> Result<(OrtBackbone, Loaded), EngineError> {
 }
 
 /// The NPU's residency evidence, gathered by this process about itself: ONNX Runtime's node
-/// placement, and the device's busy time for this process across a short evidence run (a
-/// prefill of a few tokens, then `steps` decode steps; token 0 exists in every vocabulary and
-/// the sequence is reset afterwards).
+/// placement (when the loop can read it), and the device's busy time for this process across a
+/// short evidence run (a prefill of a few tokens, then `steps` decode steps; token 0 exists in
+/// every vocabulary and the sequence is reset afterwards).
 fn gather_evidence(
-    b: &mut OrtBackbone,
+    b: &mut dyn Backbone,
+    placement: Option<crate::npu::Placement>,
     roots: &SystemRoots,
     steps: usize,
     mem_usage_before: Option<u64>,
@@ -321,7 +345,7 @@ fn gather_evidence(
         None
     };
     Ok(weigh_npu(Evidence {
-        placement: b.placement().cloned(),
+        placement,
         accel_before,
         accel_after,
         decode_steps: steps,
@@ -333,7 +357,7 @@ fn gather_evidence(
 
 /// Runs one generation, streaming codes; returns Err only when the reply stream is gone.
 fn run(
-    backbone: Option<&mut OrtBackbone>,
+    backbone: Option<&mut (dyn Backbone + 'static)>,
     g: &Generate,
     token: &CancelToken,
     out: &mut BufWriter<File>,
@@ -404,7 +428,7 @@ fn spawn_stdin_thread(
                     }
                 };
                 let forwarded = match msg {
-                    Request::Load(l) => tx.send(Input::Load(l)),
+                    Request::Load(l) => tx.send(Input::Load(*l)),
                     Request::Generate(g) => {
                         // Registered here, before main sees it, so a cancel that follows at
                         // once finds it.

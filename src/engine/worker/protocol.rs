@@ -34,8 +34,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{
-    Candidates, Device, EngineError, Generation, GenerationParams, OrtOptions, ProviderSetup,
-    StopReason,
+    Candidates, Device, EngineError, Generation, GenerationParams, OgaOptions, OrtOptions,
+    ProviderSetup, StopReason,
 };
 use crate::npu::SystemRoots;
 use crate::npu::residency::{Placement, Residency};
@@ -55,7 +55,8 @@ pub const REPORTED_ENV: [&str; 3] = [
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Request {
-    Load(Load),
+    // Boxed: a load carries all the session settings; it is sent once per worker.
+    Load(Box<Load>),
     Generate(Generate),
     Cancel { id: u64 },
     Shutdown,
@@ -75,6 +76,10 @@ pub struct Load {
     /// across them for residency to be proven).
     #[serde(default = "default_evidence_steps")]
     pub evidence_steps: usize,
+    /// Run onnxruntime-genai's loop (`--engine oga`) instead of ours; it attaches the package's
+    /// providers itself, the RyzenAI provider included.
+    #[serde(default)]
+    pub oga: Option<OgaOptions>,
 }
 
 /// Enough steps for the device's busy counter to move, few enough to cost nothing next to a load.
@@ -317,7 +322,7 @@ mod tests {
     #[test]
     fn frames_round_trip_and_end_cleanly() {
         let msgs = vec![
-            Request::Load(Load {
+            Request::Load(Box::new(Load {
                 package_dir: "/m".into(),
                 ort_lib: None,
                 ort: OrtOptions {
@@ -326,7 +331,8 @@ mod tests {
                 },
                 roots: SystemRoots::under("/fake"),
                 evidence_steps: 3,
-            }),
+                oga: None,
+            })),
             Request::Generate(Generate {
                 id: 7,
                 prompt: vec![1, 2, 3],

@@ -16,8 +16,8 @@ use super::protocol::{
 };
 use super::supervisor::{Child, Ending, NeverKill, StopOutcome, StopPolicy};
 use crate::engine::{
-    CancelToken, Candidates, Device, Engine, EngineError, Generation, GenerationParams, OrtOptions,
-    StopReason,
+    CancelToken, Candidates, Device, Engine, EngineError, Generation, GenerationParams, OgaOptions,
+    OrtOptions, StopReason,
 };
 use crate::npu::SystemRoots;
 use crate::npu::env::{EnvInputs, worker_env};
@@ -112,6 +112,8 @@ pub struct WorkerConfig {
     pub retry_delay: Option<Duration>,
     /// RYZENAI_EP_PATH for the worker, over what the environment rules set (`--ep-library`).
     pub ep_library: Option<PathBuf>,
+    /// Run onnxruntime-genai's loop in the worker (`--engine oga`) instead of ours.
+    pub oga: Option<OgaOptions>,
 }
 
 impl WorkerConfig {
@@ -154,6 +156,7 @@ impl WorkerConfig {
             roots,
             retry_delay: npu.then_some(NPU_RETRY_DELAY),
             ep_library: None,
+            oga: None,
             ort,
         })
     }
@@ -832,13 +835,14 @@ impl WorkerEngine {
         let pid = live.child.pid();
         self.handle.lock().hello = Some(hello);
         self.handle.set_state(WorkerState::Loading { pid });
-        let load = Request::Load(Load {
+        let load = Request::Load(Box::new(Load {
             package_dir: self.cfg.package_dir.clone(),
             ort_lib: self.cfg.ort_lib.clone(),
             ort: self.cfg.ort.clone(),
             roots: self.cfg.roots.clone(),
             evidence_steps: EVIDENCE_STEPS,
-        });
+            oga: self.cfg.oga.clone(),
+        }));
         if let Err(e) = live.send(&load) {
             return Err(Handshake::Closed(format!(
                 "sending load to the worker: {e}"
