@@ -868,23 +868,25 @@ pub async fn serve_on(
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    // Registered here, before the server logs "listening": a SIGTERM that arrives as soon as the
+    // server can be seen must already find our handler, not the default action that kills the
+    // process with its worker still running.
+    let int = signal(SignalKind::interrupt()).ok();
+    let term = signal(SignalKind::terminate()).ok();
+    async fn wait(s: Option<Signal>) {
+        match s {
+            Some(mut s) => {
                 s.recv().await;
             }
-            Err(_) => std::future::pending::<()>().await,
+            None => std::future::pending::<()>().await,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    }
+    async move {
+        tokio::select! {
+            _ = wait(int) => {},
+            _ = wait(term) => {},
+        }
     }
 }
