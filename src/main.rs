@@ -1232,6 +1232,9 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
         bar.finish_and_clear();
         let rss = bench::peak_rss_mb();
         let files = bench::files_mb(&pkg.dir);
+        // Never an NPU rate without proof: an unproven NPU load is labelled "cpu fallback".
+        let residency = engine.worker().and_then(|w| w.residency());
+        let device = onebit_tts::synth::device_label(engine.device(), residency.as_ref());
         if args.json {
             // "onnxruntime_genai" / "llama_cpp": [prefill ms, decode tok/s] per prompt length, as
             // before; "peers": who ran, on what, and how far its greedy tokens agree with ours.
@@ -1260,7 +1263,8 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
                 .collect();
             println!(
                 "{}",
-                serde_json::json!({"engine": engine.describe(), "machine": bench::machine(), "ours": ours,
+                serde_json::json!({"engine": engine.describe(), "device": device, "residency": residency,
+                    "machine": bench::machine(), "ours": ours,
                     "onnxruntime_genai": pairs("onnxruntime_genai"), "llama_cpp": pairs("llama_cpp"),
                     "peers": about, "llama_cpp_note": llama_note,
                     "peak_rss_mb": rss, "model_files_mb": files})
@@ -1268,7 +1272,7 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
             return Ok(());
         }
         println!(
-            "engine {}\nmachine {}\n",
+            "engine {}\ndevice {device}\nmachine {}\n",
             engine.describe(),
             bench::machine()
         );

@@ -189,6 +189,18 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
     }
 }
 
+/// Where a backbone runs, as far as it was observed: an NPU load is "npu" only with proven
+/// residency, else "cpu fallback" (it was let through by --allow-cpu-fallback).
+pub fn device_label(device: Device, residency: Option<&Residency>) -> String {
+    match device {
+        Device::Npu => match residency {
+            Some(r) if r.is_proven() => "npu".to_owned(),
+            _ => "cpu fallback".to_owned(),
+        },
+        other => other.to_string(),
+    }
+}
+
 /// One request.
 #[derive(Debug, Clone, Default)]
 pub struct SpeechRequest {
@@ -619,13 +631,7 @@ impl Synthesizer {
     /// residency is proven, else "cpu fallback" (it was let through by --allow-cpu-fallback).
     /// Every rate printed next to this label is labelled truthfully.
     pub fn device_label(&self) -> String {
-        match self.device {
-            Device::Npu => match self.residency() {
-                Some(r) if r.is_proven() => "npu".to_owned(),
-                _ => "cpu fallback".to_owned(),
-            },
-            other => other.to_string(),
-        }
+        device_label(self.device, self.residency().as_ref())
     }
 
     pub fn front_end(&self) -> &FrontEnd {

@@ -419,3 +419,50 @@ fn the_venvs_runtime_is_paired_with_its_provider_or_refused() {
         "{reasons}"
     );
 }
+
+#[test]
+fn bench_labels_an_unproven_npu_run_cpu_fallback() {
+    let t = common::tempdir("npu-bench");
+    let pkg = npu_package(&t);
+    let stub = common::stub_ep();
+    let env = [("RYZENAI_EP_PATH", stub.to_str().unwrap())];
+    let base = [
+        "bench",
+        "-q",
+        "--model",
+        pkg.to_str().unwrap(),
+        "--device",
+        "npu",
+        "--engine-only",
+        "--runs",
+        "1",
+        "--new-tokens",
+        "4",
+        "--prompt-lens",
+        "32",
+    ];
+    // Refused without the flag, like every other command.
+    let line = common::error_line(&common::cli_with(&base, &env));
+    assert!(line.contains("refusing to serve a CPU fallback"), "{line}");
+
+    let mut args = base.to_vec();
+    args.push("--allow-cpu-fallback");
+    let table = common::cli_with(&args, &env);
+    assert!(table.status.success(), "{}", common::stderr(&table));
+    let out = common::stdout(&table);
+    assert!(out.lines().any(|l| l == "device cpu fallback"), "{out}");
+    assert!(!out.lines().any(|l| l == "device npu"), "{out}");
+
+    args.push("--json");
+    let json = common::cli_with(&args, &env);
+    assert!(json.status.success(), "{}", common::stderr(&json));
+    let j: Value = serde_json::from_str(&common::stdout(&json)).expect("bench json");
+    assert_eq!(j["device"], "cpu fallback");
+    assert_eq!(j["residency"]["state"], "unproven");
+    assert!(
+        j["residency"]["reasons"]
+            .to_string()
+            .contains("declined the graph"),
+        "{j}"
+    );
+}

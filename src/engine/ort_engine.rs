@@ -554,7 +554,8 @@ impl OrtBackbone {
                 .clamp(1, budget.max(1))
         });
         let desc = format!(
-            "ort {} ({} layers, {} KV{}, {}{}{}, {} on {}; {})",
+            // The providers asked for, not where the nodes went: that is the placement's to say.
+            "ort {} ({} layers, {} KV{}, {}{}{}, providers {}; {})",
             crate::runtime::info().map_or("?", |i| i.version.as_str()),
             d.num_hidden_layers,
             match (mode, static_kv) {
@@ -582,7 +583,6 @@ impl OrtBackbone {
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or("?"),
-            opts.device,
             providers.join(" > "),
             threads.describe(),
         );
