@@ -13,7 +13,7 @@
 #   2. POST /v1/audio/speech returns a WAV
 #   3. the worker child holds /dev/accel/accel0 open (/proc/<pid>/fd)
 #   4. the server's log says the worker appended the RyzenAI provider
-#   5. /health says "npu residency: proven"
+#   5. /health says residency "state":"proven" (placement + device activity, from the worker)
 #   6. one SIGTERM to the server ends server and worker within the stop grace
 #   7. nothing was SIGKILLed on the way down
 #   8. the kernel log of the whole run (every line since the lock was taken, not only amdxdna's)
@@ -359,10 +359,11 @@ if [ "$SERVE" != 0 ]; then
 
     # 5. Residency as the server proves it.
     if [ "$healthy" = 1 ] && curl -fsS -m 5 "$URL/health" >"$work/health.json" 2>/dev/null &&
-        grep -q 'npu residency: proven' "$work/health.json"; then
-        pass residency "/health: npu residency: proven"
+        grep -q '"state":"proven"' "$work/health.json"; then
+        # /health's residency is {"evidence", "reasons", "state"}; "proven" is only ever its state.
+        pass residency "/health: residency proven, device $(grep -o '"device":"[^"]*"' "$work/health.json" | head -1)"
     else
-        fail residency "/health: $(grep -o 'npu residency[^"]*' "$work/health.json" 2>/dev/null || head -c 300 "$work/health.json" 2>/dev/null)"
+        fail residency "/health: $(grep -o '"reasons":\[[^]]*\]' "$work/health.json" 2>/dev/null | head -c 600 || head -c 300 "$work/health.json" 2>/dev/null)"
     fi
 
     # 6 + 7. One SIGTERM ends everything, nothing SIGKILLed.
