@@ -172,18 +172,7 @@ fn python_onnxruntime() -> Result<PathBuf, String> {
         return Err("python3 cannot import onnxruntime".into());
     }
     let capi = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    let mut libs: Vec<PathBuf> = std::fs::read_dir(&capi)
-        .map_err(|e| format!("{}: {e}", capi.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libonnxruntime.so"))
-        })
-        .collect();
-    libs.sort();
-    libs.pop()
-        .ok_or_else(|| format!("no libonnxruntime.so in {}", capi.display()))
+    runtime_in(&capi).ok_or_else(|| format!("no libonnxruntime.so in {}", capi.display()))
 }
 
 /// Loads ONNX Runtime once per process and returns its environment. Later calls return the same

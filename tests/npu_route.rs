@@ -15,33 +15,19 @@ use serde_json::Value;
 
 const PROVIDER: &str = "RyzenAILightExecutionProvider";
 
-/// models/tiny as an NPU package: the same files, with a genai_config.json that declares the
-/// RyzenAI provider (options as AMD's packages carry them), a config entry and an extra session
-/// option key (onnxruntime-genai adds unknown keys as config entries).
+/// models/tiny as an NPU package: the RyzenAI provider declared (options as AMD's packages carry
+/// them), a config entry and an extra session option key (onnxruntime-genai adds unknown keys as
+/// config entries).
 fn npu_package(dir: &Path) -> PathBuf {
-    let src = common::model("tiny");
-    let pkg = dir.join("npu-pkg");
-    std::fs::create_dir_all(&pkg).unwrap();
-    for e in std::fs::read_dir(&src).unwrap() {
-        let e = e.unwrap();
-        if e.file_name() != "genai_config.json" {
-            symlink(e.path(), pkg.join(e.file_name())).unwrap();
-        }
-    }
-    let mut cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("genai_config.json")).unwrap())
-            .unwrap();
-    let so = &mut cfg["model"]["decoder"]["session_options"];
-    so["provider_options"] = serde_json::json!([{"RyzenAI": {
-        "hybrid_opt_token_backend": "npu", "external_data_file": "model.onnx.data"}}]);
-    so["config_entries"] = serde_json::json!({"onebit.test_entry": "from-config-entries"});
-    so["onebit.unknown_key"] = serde_json::json!("from-an-unknown-key");
-    std::fs::write(
-        pkg.join("genai_config.json"),
-        serde_json::to_string_pretty(&cfg).unwrap(),
+    common::npu_package(
+        dir,
+        serde_json::json!({
+            "provider_options": [{"RyzenAI": {
+                "hybrid_opt_token_backend": "npu", "external_data_file": "model.onnx.data"}}],
+            "config_entries": {"onebit.test_entry": "from-config-entries"},
+            "onebit.unknown_key": "from-an-unknown-key",
+        }),
     )
-    .unwrap();
-    pkg.canonicalize().unwrap()
 }
 
 /// The events the stub recorded, one JSON object each.

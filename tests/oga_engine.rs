@@ -698,21 +698,10 @@ fn oga_in_the_worker_child_gives_the_same_bytes_as_in_process() {
 #[test]
 fn npu_probe_with_the_oga_engine_never_claims_the_npu_without_evidence() {
     let dir = common::tempdir("oga-npu-probe");
-    let pkg = dir.join("pkg");
-    std::fs::create_dir_all(&pkg).unwrap();
-    let src = common::model("tiny");
-    for e in std::fs::read_dir(&src).unwrap() {
-        let e = e.unwrap();
-        if e.file_name() != "genai_config.json" {
-            std::os::unix::fs::symlink(e.path(), pkg.join(e.file_name())).unwrap();
-        }
-    }
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("genai_config.json")).unwrap())
-            .unwrap();
-    cfg["model"]["decoder"]["session_options"]["provider_options"] =
-        serde_json::json!([{"RyzenAI": {}}]);
-    std::fs::write(pkg.join("genai_config.json"), cfg.to_string()).unwrap();
+    let pkg = common::npu_package(
+        &dir,
+        serde_json::json!({"provider_options": [{"RyzenAI": {}}]}),
+    );
     let stub = common::stub_ep();
     let rec = dir.join("record.jsonl");
     let o = cli(

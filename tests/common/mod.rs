@@ -464,3 +464,34 @@ pub fn stub_ep() -> PathBuf {
         })
         .clone()
 }
+
+/// models/tiny as an NPU package in `dir/npu-pkg`: the same files (symlinked) with a
+/// genai_config.json whose `session_options` gain `session_options` (a JSON object merged in,
+/// e.g. `provider_options` declaring RyzenAI). Returns the package's absolute path.
+pub fn npu_package(dir: &Path, session_options: serde_json::Value) -> PathBuf {
+    let src = model("tiny");
+    let pkg = dir.join("npu-pkg");
+    std::fs::create_dir_all(&pkg).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != "genai_config.json" {
+            std::os::unix::fs::symlink(e.path(), pkg.join(e.file_name())).unwrap();
+        }
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("genai_config.json")).unwrap())
+            .unwrap();
+    let so = &mut cfg["model"]["decoder"]["session_options"];
+    for (k, v) in session_options
+        .as_object()
+        .expect("an object of session options")
+    {
+        so[k] = v.clone();
+    }
+    std::fs::write(
+        pkg.join("genai_config.json"),
+        serde_json::to_string_pretty(&cfg).unwrap(),
+    )
+    .unwrap();
+    pkg.canonicalize().unwrap()
+}
