@@ -516,3 +516,59 @@ fn say_on_the_optimized_package_writes_the_same_audio() {
         "the optimized package changed the audio"
     );
 }
+
+/// `--engine oga` on optimized packages: the last-position lever it runs (same audio as on the
+/// source), a speech-only head it refuses before loading, in one line naming the manifest and
+/// the source package.
+#[test]
+fn the_oga_engine_runs_last_position_packages_and_refuses_a_speech_head() {
+    let base = common::tempdir("optimize-oga-say");
+    let say = |model: &Path, out: &Path| {
+        Command::new(common::bin())
+            .args(["say", "-q", "--engine", "oga", "--model"])
+            .arg(model)
+            .args([
+                "--voice",
+                "test",
+                "--seed",
+                "5",
+                "--max-new-tokens",
+                "60",
+                "-o",
+            ])
+            .arg(out)
+            .arg("Sampling the same take twice.")
+            .output()
+            .unwrap()
+    };
+    let src = common::model("tiny-random");
+    let last = optimized("tiny-random", LAST);
+    let mut wavs = Vec::new();
+    for (i, model) in [&src, &last].into_iter().enumerate() {
+        let out = base.join(format!("{i}.wav"));
+        let o = say(model, &out);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        wavs.push(std::fs::read(&out).unwrap());
+    }
+    assert!(wavs[0].len() > 44, "some audio");
+    assert_eq!(wavs[0], wavs[1], "same take on the last-position package");
+
+    let both = optimized("tiny-random", BOTH);
+    let out = base.join("refused.wav");
+    let o = say(&both, &out);
+    let line = common::error_line(&o);
+    assert!(
+        line.contains("--engine oga cannot run this package"),
+        "{line}"
+    );
+    assert!(
+        line.contains(&both.join("onebit_logits.json").display().to_string()),
+        "{line}"
+    );
+    assert!(line.contains(&src.display().to_string()), "{line}");
+    assert!(
+        !line.contains("OgaGenerator"),
+        "refused before loading: {line}"
+    );
+    assert!(!out.exists());
+}

@@ -58,6 +58,16 @@ pub enum EngineError {
     Oga { call: &'static str, message: String },
     #[error(transparent)]
     OgaLoad(#[from] OgaLoadError),
+    /// `models optimize` cut the package's lm_head to the speech ids, which only our loop reads.
+    #[error(
+        "--engine oga cannot run this package: {} says its lm_head was cut to the speech ids (`models optimize`), and onnxruntime-genai needs one logit per vocabulary id; use --engine ort here, or --engine oga on {}",
+        .manifest.display(),
+        .source_package.as_deref().map_or_else(|| "the unoptimized source package".to_owned(), |s| format!("the source package {s}"))
+    )]
+    OgaCompactHead {
+        manifest: std::path::PathBuf,
+        source_package: Option<String>,
+    },
     /// The execution provider could not be set up (no NPU, no CUDA in this runtime, ...).
     #[error("device: {0}")]
     Device(String),

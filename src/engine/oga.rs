@@ -33,6 +33,7 @@ use std::sync::{Mutex, OnceLock};
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use super::{Backbone, EngineError, KvMode};
+use crate::package::logits::LOGITS_MANIFEST;
 use crate::package::{BackbonePackage, ModelPackage};
 use crate::paths;
 
@@ -574,6 +575,14 @@ impl OgaBackbone {
     /// Loads from the backbone's part of a package (what the engine worker has), with the
     /// ONNX Runtime this process already loaded.
     pub fn load_backbone(pkg: &BackbonePackage, opts: &OgaOptions) -> Result<Self, EngineError> {
+        // onnxruntime-genai reads logits as one row entry per vocabulary id; a head cut to the
+        // speech ids (`models optimize`) would fail inside it with a shape error, so refuse first.
+        if pkg.logits.speech_head.is_some() {
+            return Err(EngineError::OgaCompactHead {
+                manifest: pkg.dir.join(LOGITS_MANIFEST),
+                source_package: pkg.logits.source.clone(),
+            });
+        }
         let lib = library(opts.lib.as_deref()).map_err(EngineError::from)?;
         Self::with_library(lib, pkg, opts)
     }
