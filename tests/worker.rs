@@ -438,15 +438,7 @@ fn a_worker_hung_mid_request_fails_it_after_the_grace_and_the_next_request_respa
         max_new_tokens: Some(5),
         ..GenerationParams::default()
     };
-    let g = w
-        .generate(
-            &candidates,
-            &prompt,
-            &short,
-            &CancelToken::new(),
-            &mut |_| ControlFlow::Continue(()),
-        )
-        .expect("a new worker");
+    let g = common::generate_plain(&mut w, &candidates, &prompt, &short).expect("a new worker");
     assert_eq!(g.codes.len(), 5);
     assert_eq!(h.spawns(), 2);
 }
@@ -697,14 +689,7 @@ fn no_second_worker_starts_beside_a_hung_npu_holder_until_it_exits() {
     );
     assert!(h.state().is_unavailable());
     // The next request does not start a second worker beside it.
-    let err = w
-        .generate(
-            &candidates,
-            &prompt,
-            &short,
-            &CancelToken::new(),
-            &mut |_| ControlFlow::Continue(()),
-        )
+    let err = common::generate_plain(&mut w, &candidates, &prompt, &short)
         .expect_err("no respawn while the holder lives");
     assert!(
         matches!(&err, EngineError::Unavailable(r) if r.contains(&waiting)),
@@ -719,14 +704,7 @@ fn no_second_worker_starts_beside_a_hung_npu_holder_until_it_exits() {
         Some(Ending::Exit(0))
     );
     assert!(!h.state().is_unavailable(), "{:?}", h.state());
-    let g = w
-        .generate(
-            &candidates,
-            &prompt,
-            &short,
-            &CancelToken::new(),
-            &mut |_| ControlFlow::Continue(()),
-        )
+    let g = common::generate_plain(&mut w, &candidates, &prompt, &short)
         .expect("respawned once the holder exited");
     assert_eq!(g.codes.len(), 5);
     assert_eq!(h.spawns(), 2);
@@ -851,14 +829,7 @@ fn a_respawn_is_gated_on_residency_again_and_an_unproven_one_stops_serving() {
     });
     kill(first, libc::SIGKILL);
     assert!(h.wait_ending(first, Duration::from_secs(10)).is_some());
-    let err = w
-        .generate(
-            &candidates,
-            &prompt,
-            &short,
-            &CancelToken::new(),
-            &mut |_| ControlFlow::Continue(()),
-        )
+    let err = common::generate_plain(&mut w, &candidates, &prompt, &short)
         .expect_err("the respawn is not proven");
     let why = "--require-npu: npu residency: unproven: the worker reported no evidence";
     assert!(matches!(&err, EngineError::Device(m) if m == why), "{err}");
@@ -875,14 +846,7 @@ fn a_respawn_is_gated_on_residency_again_and_an_unproven_one_stops_serving() {
         h.state()
     );
     // Stays unavailable: no third worker, the same reason.
-    let err = w
-        .generate(
-            &candidates,
-            &prompt,
-            &short,
-            &CancelToken::new(),
-            &mut |_| ControlFlow::Continue(()),
-        )
+    let err = common::generate_plain(&mut w, &candidates, &prompt, &short)
         .expect_err("still unavailable");
     assert!(
         matches!(&err, EngineError::Unavailable(r) if r.contains(why)),

@@ -329,6 +329,23 @@ pub fn speech_prompts(
 }
 
 /// One generation to its end, without a callback.
+/// One generation through any [`onebit_tts::engine::Engine`] (a worker, say), no cancel, no
+/// callback: [`generate_all`]'s counterpart for engines, with the error for the test to check.
+pub fn generate_plain(
+    e: &mut dyn onebit_tts::engine::Engine,
+    c: &onebit_tts::engine::Candidates,
+    prompt: &[u32],
+    p: &onebit_tts::engine::GenerationParams,
+) -> Result<onebit_tts::engine::Generation, onebit_tts::engine::EngineError> {
+    e.generate(
+        c,
+        prompt,
+        p,
+        &onebit_tts::engine::CancelToken::new(),
+        &mut |_| std::ops::ControlFlow::Continue(()),
+    )
+}
+
 pub fn generate_all(
     b: &mut dyn onebit_tts::engine::Backbone,
     c: &onebit_tts::engine::Candidates,
