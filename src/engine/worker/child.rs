@@ -289,11 +289,8 @@ fn load_backbone(load: &Load) -> Result<(Box<dyn Backbone>, Loaded), EngineError
     };
     let loaded = Loaded {
         engine: b.describe(),
-        device: if load.oga.is_some() {
-            load.ort.device
-        } else {
-            b.device()
-        },
+        // The device the loop was asked for, whichever loop: onnxruntime-genai's does not say.
+        device: load.ort.device,
         providers,
         runtime: crate::runtime::info()
             .map(|i| format!("{} ({}; {})", i.path.display(), i.version, i.source)),
