@@ -1,0 +1,174 @@
+//! Loading: which engine a [`SynthConfig`] asks for and where it runs (this process or a worker
+//! child), and where model directories given on the command line are found.
+
+use std::path::{Path, PathBuf};
+
+use crate::engine::device::{self, Device, DeviceChoice};
+use crate::engine::{
+    self, Engine, EngineError, LocalEngine, OgaOptions, OrtOptions, ResidencyGate, WorkerConfig,
+    WorkerEngine, WorkerTimeouts,
+};
+use crate::npu::Residency;
+use crate::package::ModelPackage;
+
+/// How to build a [`Synthesizer`].
+#[derive(Debug, Clone, Default)]
+pub struct SynthConfig {
+    pub package_dir: PathBuf,
+    pub codec_dir: Option<PathBuf>,
+    pub ort_lib: Option<PathBuf>,
+    pub voice_dirs: Vec<PathBuf>,
+    pub ort: OrtOptions,
+    pub codec_threads: Option<usize>,
+    /// 0 means [`DEFAULT_MAX_INPUT_CHARS`].
+    pub max_input_chars: usize,
+    /// Which generation loop runs the backbone.
+    pub engine: EngineKind,
+    /// The oga engine's library and settings; its threads and KV mode default to `ort`'s.
+    pub oga: OgaOptions,
+    /// Where the backbone runs (`--device`); `ort.device` is replaced by what this resolves to.
+    pub device: DeviceChoice,
+    /// Run the backbone in a worker child whatever the device (the NPU always is).
+    pub isolate: bool,
+    /// Refuse to start unless the backbone is proven resident on the NPU (also refuses `auto`
+    /// resolving to the CPU).
+    pub require_npu: bool,
+    /// `--device npu` serves even when residency is not proven (the backbone then runs, at least
+    /// partly, on the CPU and is labelled "cpu fallback"); without it such a load is refused.
+    pub allow_cpu_fallback: bool,
+    /// The RyzenAI provider library for the worker (RYZENAI_EP_PATH); `None`: the environment
+    /// rules' choice.
+    pub ep_library: Option<PathBuf>,
+    /// Let the parent SIGKILL a worker that outlives the stop grace (never one holding the NPU).
+    pub allow_kill: bool,
+    /// The program started as `<exe> worker`; `None`: this executable.
+    pub worker_exe: Option<PathBuf>,
+    /// How long a worker may take to load, and to make each step of a request, before it counts
+    /// as hung (`--load-timeout`, `--step-timeout`).
+    pub worker_timeouts: WorkerTimeouts,
+}
+
+impl SynthConfig {
+    /// With `--engine oga`: onnxruntime-genai's settings, its runtime, threads and KV mode
+    /// defaulting to the ort engine's; `None` for our own loop.
+    pub fn oga_options(&self) -> Option<OgaOptions> {
+        (self.engine == EngineKind::Oga).then(|| {
+            let mut opts = self.oga.clone();
+            opts.ort_lib = opts.ort_lib.or_else(|| self.ort_lib.clone());
+            opts.intra_threads = opts.intra_threads.or(self.ort.intra_threads);
+            opts.kv_mode = opts.kv_mode.or(self.ort.kv_mode);
+            opts
+        })
+    }
+}
+
+/// The backbone's generation loop: our own over ONNX Runtime (default), or onnxruntime-genai's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EngineKind {
+    #[default]
+    Ort,
+    Oga,
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ort" => Ok(Self::Ort),
+            "oga" => Ok(Self::Oga),
+            _ => Err(format!("unknown engine {s:?} (supported: ort, oga)")),
+        }
+    }
+}
+
+/// Loads the engine a config asks for over a loaded package: resolves `--device`, then runs the
+/// backbone in this process (cpu, cuda) or in a worker child (npu, or any device with
+/// `isolate`). On the NPU the worker's residency gate applies to this load and every respawn:
+/// only a proven residency serves, unless `allow_cpu_fallback` (never with `require_npu`).
+pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engine>, crate::Error> {
+    let declared = pkg.genai.model.decoder.session_options.declares_ryzenai();
+    let root = std::env::var_os(crate::npu::env::RYZENAI_ROOT_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let decision = device::resolve(cfg.device, declared, root.as_deref());
+    tracing::info!("device: {} ({})", decision.device, decision.why);
+    if cfg.require_npu && decision.device != Device::Npu {
+        return Err(EngineError::Device(format!(
+            "--require-npu: the backbone would run on {} ({}); refusing to fall back",
+            decision.device, decision.why
+        ))
+        .into());
+    }
+    if decision.device == Device::Npu && !declared {
+        tracing::warn!(
+            "--device npu: {} declares no RyzenAI provider in genai_config.json, so the worker \
+             gets no NPU environment; this is not an NPU package",
+            pkg.dir.display()
+        );
+    }
+    let ort = OrtOptions {
+        device: decision.device,
+        ..cfg.ort.clone()
+    };
+    let oga = cfg.oga_options();
+    if decision.device == Device::Npu || cfg.isolate {
+        let mut wcfg = WorkerConfig::from_process(
+            pkg.dir.clone(),
+            cfg.ort_lib.clone(),
+            ort,
+            declared,
+            cfg.worker_exe.clone(),
+        )?;
+        wcfg.stop.allow_kill = cfg.allow_kill;
+        wcfg.timeouts = cfg.worker_timeouts;
+        wcfg.gate = (decision.device == Device::Npu).then_some(ResidencyGate {
+            require_npu: cfg.require_npu,
+            allow_cpu_fallback: cfg.allow_cpu_fallback,
+        });
+        wcfg.ep_library = cfg.ep_library.clone();
+        wcfg.oga = oga;
+        let mut worker = WorkerEngine::new(wcfg);
+        worker.start()?;
+        return Ok(Box::new(worker));
+    }
+    match oga {
+        None => {
+            let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
+            let backbone = engine::OrtBackbone::load(env, pkg, &ort)?;
+            Ok(Box::new(LocalEngine(Box::new(backbone))))
+        }
+        Some(opts) => {
+            let backbone = engine::OgaBackbone::load(pkg, &opts)?;
+            Ok(Box::new(LocalEngine(Box::new(backbone))))
+        }
+    }
+}
+
+/// Where a backbone runs, as far as it was observed: an NPU load is "npu" only with proven
+/// residency, else "cpu fallback" (it was let through by --allow-cpu-fallback).
+pub fn device_label(device: Device, residency: Option<&Residency>) -> String {
+    match device {
+        Device::Npu => match residency {
+            Some(r) if r.is_proven() => "npu".to_owned(),
+            _ => "cpu fallback".to_owned(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Resolves a model directory given on the command line or by default: an existing path as given,
+/// else relative to the checkout that holds `.onebit` (so the binary works from any directory).
+pub fn resolve_dir(p: &Path) -> PathBuf {
+    if p.is_absolute() || p.exists() {
+        return p.to_path_buf();
+    }
+    for home in crate::paths::onebit_homes() {
+        if let Some(repo) = home.parent() {
+            let cand = repo.join(p);
+            if cand.exists() {
+                return cand;
+            }
+        }
+    }
+    p.to_path_buf()
+}

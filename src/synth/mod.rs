@@ -1,0 +1,233 @@
+//! The one path from text to audio. The CLI `say`, the server and `bench` all call
+//! [`Synthesizer::synthesize`]; each stage's timing is reported through [`StageTimings`].
+//!
+//! This module owns the request and its outcome; the stages live in its children:
+//! [`load`] (which engine, where, from which config), [`plan`] (text to pieces and their prompts,
+//! and each piece's code limit), `run` (the generation loop over the pieces) and `audio` (codes to
+//! encoded bytes: decoding, the joins between pieces, the output pipeline).
+
+mod audio;
+pub mod load;
+pub mod plan;
+mod run;
+
+use std::sync::Mutex;
+
+use crate::audio::OutputSpec;
+use crate::codec::{CodecDecoder, CodecError};
+use crate::engine::device::Device;
+use crate::engine::{Candidates, Engine, EngineError, GenerationParams, StopReason, WorkerHandle};
+use crate::metrics::StageTimings;
+use crate::npu::Residency;
+use crate::package::ModelPackage;
+use crate::prompt::{InputFormat, PromptError};
+use crate::text::{Language, TextError};
+use crate::voice::{VoiceError, VoiceStore};
+
+pub use audio::PIECE_PAUSE_S;
+pub use load::{EngineKind, SynthConfig, device_label, load_engine, resolve_dir};
+pub use plan::{
+    BUDGET_CHARS_PER_SECOND, BUDGET_FACTOR, BUDGET_FLOOR_CODES, FrontEnd, Piece, code_budget,
+};
+
+/// Longest input text accepted by default, in characters.
+pub const DEFAULT_MAX_INPUT_CHARS: usize = 20_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error(transparent)]
+    Text(#[from] TextError),
+    #[error(transparent)]
+    Voice(#[from] VoiceError),
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error("the input has {got} characters; the limit is {limit} (max_input_chars)")]
+    InputTooLong { got: usize, limit: usize },
+    #[error("the input text is empty")]
+    EmptyInput,
+    #[error(
+        "the word {word:?} alone needs {needed} tokens (prompt with the voice's reference plus its expected codes); the model's budget is {budget} tokens per piece"
+    )]
+    WordTooLong {
+        word: String,
+        needed: usize,
+        budget: usize,
+    },
+    #[error(transparent)]
+    Audio(#[from] crate::audio::AudioError),
+    #[error("the engine is unavailable: a previous request panicked inside it")]
+    Poisoned,
+}
+
+/// One request.
+#[derive(Debug, Clone, Default)]
+pub struct SpeechRequest {
+    pub text: String,
+    pub voice: String,
+    /// Defaults to the voice's language.
+    pub language: Option<Language>,
+    /// Defaults to the package's input format.
+    pub input_format: Option<InputFormat>,
+    pub emotion: Option<String>,
+    pub generation: GenerationParams,
+    /// Format, rate, speed, and whether audio streams while codes are generated.
+    pub output: OutputSpec,
+}
+
+/// What the caller sees while a request runs.
+#[derive(Debug)]
+pub enum SynthEvent<'a> {
+    /// The prompt is built; `estimated_codes` is a guess from the phoneme count for progress bars.
+    Started {
+        prompt_tokens: usize,
+        estimated_codes: usize,
+    },
+    /// A piece of a long text starts (pieces are sentences or clauses grouped to fit the budget).
+    Piece {
+        index: usize,
+        count: usize,
+        text: &'a str,
+        prompt_tokens: usize,
+        /// Codes this piece may generate at most: its text's code budget, bounded by the context
+        /// after its prompt and by what is left of the request's max_new_tokens.
+        max_new_tokens: usize,
+    },
+    /// One more code was generated (index counts over the whole request).
+    Code { index: usize, code: u32 },
+    /// Encoded audio bytes of the requested format, in order.
+    Audio(&'a [u8]),
+}
+
+/// What one request produced.
+#[derive(Debug, Clone)]
+pub struct SynthesisReport {
+    pub codes: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub seed: u64,
+    /// Why the request ended: cancelled; else `Length` when any piece stopped at its limit
+    /// (text budget, context or max_new_tokens) or pieces were left out; else the last stop id.
+    pub stop: StopReason,
+    /// Decoded samples at the codec rate (before any speed change or resampling).
+    pub samples: usize,
+    pub sample_rate: u32,
+    pub speed: f32,
+    pub bytes: usize,
+    /// Pieces the text was cut into (1 unless it was longer than the budget allows).
+    pub pieces: usize,
+    pub timings: StageTimings,
+}
+
+impl SynthesisReport {
+    /// Seconds of audio delivered (after the speed change).
+    pub fn audio_seconds(&self) -> f64 {
+        self.samples as f64 / f64::from(self.sample_rate) / f64::from(self.speed)
+    }
+}
+
+/// The loaded model, codec and voices; shared by every request.
+pub struct Synthesizer {
+    front: FrontEnd,
+    engine: Mutex<Box<dyn Engine>>,
+    codec: Mutex<CodecDecoder>,
+    candidates: Candidates,
+    device: Device,
+    /// The engine's worker child, readable without the engine lock (for /health).
+    worker: Option<WorkerHandle>,
+    /// Tokens per piece: the package's budget, or the engine's when smaller (a static KV cache).
+    budget: usize,
+}
+
+impl Synthesizer {
+    pub fn load(cfg: &SynthConfig) -> Result<Self, crate::Error> {
+        let front = FrontEnd::load(cfg)?;
+        let engine = load_engine(cfg, front.package())?;
+        let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
+        let threads = crate::engine::ThreadPlan::new(
+            cfg.ort.threads,
+            &crate::engine::CpuTopology::detect(),
+            cfg.codec_threads,
+            cfg.ort.spin,
+        );
+        let codec = CodecDecoder::load(env, &front.package().codec, &threads)?;
+        Ok(Self::from_parts(front, engine, codec))
+    }
+
+    /// Assembles a synthesizer from loaded parts (other backbones, tests).
+    pub fn from_parts(front: FrontEnd, engine: Box<dyn Engine>, codec: CodecDecoder) -> Self {
+        let pkg = front.package();
+        let candidates = Candidates::of(pkg);
+        let device = engine.device();
+        let worker = engine.worker();
+        let budget = engine.budget().map_or(pkg.genai.token_budget(), |b| {
+            b.min(pkg.genai.token_budget())
+        });
+        Self {
+            budget,
+            front,
+            engine: Mutex::new(engine),
+            codec: Mutex::new(codec),
+            candidates,
+            device,
+            worker,
+        }
+    }
+
+    /// Where the backbone runs.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The worker child behind the engine, if it runs in one.
+    pub fn worker(&self) -> Option<&WorkerHandle> {
+        self.worker.as_ref()
+    }
+
+    /// The NPU residency verdict of the worker's latest load (`None` off the NPU).
+    pub fn residency(&self) -> Option<Residency> {
+        self.worker.as_ref().and_then(WorkerHandle::residency)
+    }
+
+    /// The ONNX Runtime library the backbone runs on and why that one: the worker's when there is
+    /// a worker, else this process's.
+    pub fn runtime(&self) -> Option<String> {
+        if let Some(w) = &self.worker {
+            return w.loaded().and_then(|l| l.runtime);
+        }
+        crate::runtime::info()
+            .map(|i| format!("{} ({}; {})", i.path.display(), i.version, i.source))
+    }
+
+    /// Where the backbone runs, as far as it was observed: an NPU load is "npu" only while its
+    /// residency is proven, else "cpu fallback" (it was let through by --allow-cpu-fallback).
+    /// Every rate printed next to this label is labelled truthfully.
+    pub fn device_label(&self) -> String {
+        device_label(self.device, self.residency().as_ref())
+    }
+
+    pub fn front_end(&self) -> &FrontEnd {
+        &self.front
+    }
+
+    pub fn package(&self) -> &ModelPackage {
+        self.front.package()
+    }
+
+    pub fn voices(&self) -> &VoiceStore {
+        self.front.voices()
+    }
+
+    pub fn candidates(&self) -> &Candidates {
+        &self.candidates
+    }
+
+    pub fn engine_description(&self) -> String {
+        self.engine
+            .lock()
+            .map(|b| b.describe())
+            .unwrap_or_else(|_| "unavailable".into())
+    }
+}
