@@ -88,7 +88,7 @@ fn five_thousand_words_make_one_continuous_wav_in_order() {
         "a 5,000-word text needs several pieces, got {}",
         pieces.len()
     );
-    assert_eq!(report.pieces, pieces.len());
+    assert_eq!(report.pieces.len(), pieces.len());
     // Order preserved and nothing dropped: the pieces are the text, in order.
     let joined = pieces.join(" ");
     assert_eq!(
@@ -302,5 +302,5 @@ fn pieces_are_planned_against_a_static_kv_cache_smaller_than_the_config() {
     for (prompt, max_new) in &limits {
         assert!(prompt + max_new <= 512, "{limits:?}");
     }
-    assert_eq!(report.pieces, limits.len());
+    assert_eq!(report.pieces.len(), limits.len());
 }

@@ -1,16 +1,229 @@
-//! Codes to audio: decoding each piece, the joins between pieces.
+//! Codes to audio: decoding each piece (in the vendor's overlapping windows while its codes
+//! arrive, or whole once it has ended), the pause and fades where pieces meet, and the output
+//! pipeline (speed, rate, encoding). A synthesis and `onebit-tts decode` both go through
+//! [`AudioStage`], which is why saved codes decode to the bytes the synthesis wrote.
 
-use crate::codec::stream::StreamError;
+use std::cell::RefCell;
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use crate::audio::{OutputPipeline, OutputSpec};
+use crate::codec::stream::{StreamDecoder, StreamError, decode_whole};
 use crate::codec::{CodecDecoder, CodecError};
 
-use super::SynthError;
+use super::{SynthError, SynthEvent};
 
 /// Pause inserted between pieces of a long text, and the fade that keeps the joins click-free.
 pub const PIECE_PAUSE_S: f32 = 0.2;
-pub(super) const PIECE_FADE_S: f32 = 0.01;
+const PIECE_FADE_S: f32 = 0.01;
+
+/// What the audio stage spent and made.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AudioTally {
+    /// Decoded samples at the codec rate (before any speed change or resampling).
+    pub samples: usize,
+    pub bytes: usize,
+    pub codec: Duration,
+    pub encode: Duration,
+    /// From the request's start to the first bytes handed out.
+    pub first_audio: Option<Duration>,
+}
+
+type Decode<'a> = Box<dyn FnMut(&[i32]) -> Result<Vec<f32>, CodecError> + 'a>;
+
+/// The piece being decoded.
+struct PieceAudio<'a> {
+    stream: Option<StreamDecoder<Decode<'a>, CodecError>>,
+    /// No audio of this piece has gone out yet (its fade-in is still to apply).
+    first_chunk: bool,
+    fade_in: usize,
+    fade_out: usize,
+}
+
+/// Codes to encoded bytes for one request, piece by piece. Every method that hands bytes to the
+/// sink returns `false` when the sink asked to stop.
+pub(crate) struct AudioStage<'a, 'c> {
+    codec: &'a RefCell<&'c mut CodecDecoder>,
+    pipeline: OutputPipeline,
+    /// The voice's codes: left context of the first streamed window of every piece.
+    reference: Vec<i32>,
+    windowed: bool,
+    pieces: usize,
+    pause: Vec<f32>,
+    fade: usize,
+    t0: Instant,
+    tally: AudioTally,
+    piece: Option<PieceAudio<'a>>,
+}
+
+impl<'a, 'c> AudioStage<'a, 'c> {
+    /// `windowed`: decode in overlapping windows as codes arrive (the streaming path) rather than
+    /// each piece whole. `t0` is the request's start, for the first-audio time.
+    pub fn new(
+        codec: &'a RefCell<&'c mut CodecDecoder>,
+        output: &OutputSpec,
+        codec_rate: u32,
+        reference: &[u32],
+        pieces: usize,
+        windowed: bool,
+        t0: Instant,
+    ) -> Result<Self, SynthError> {
+        // Setting up the encoder (LAME, libopus, ...) is part of encoding's cost.
+        let t = Instant::now();
+        let pipeline = OutputPipeline::new(output, codec_rate)?;
+        let tally = AudioTally {
+            encode: t.elapsed(),
+            ..AudioTally::default()
+        };
+        Ok(Self {
+            codec,
+            pipeline,
+            reference: as_i32(reference),
+            windowed,
+            pieces,
+            pause: vec![0.0f32; (PIECE_PAUSE_S * codec_rate as f32) as usize],
+            fade: (PIECE_FADE_S * codec_rate as f32) as usize,
+            t0,
+            tally,
+            piece: None,
+        })
+    }
+
+    pub fn tally(&self) -> AudioTally {
+        self.tally
+    }
+
+    /// Starts piece `index`: the pause before it (after the first), and its decoder.
+    pub fn begin_piece(
+        &mut self,
+        index: usize,
+        sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<bool, SynthError> {
+        if index > 0 {
+            let pause = std::mem::take(&mut self.pause);
+            let go_on = self.emit(&pause, sink);
+            self.pause = pause;
+            if !go_on? {
+                return Ok(false);
+            }
+        }
+        let codec = self.codec;
+        let stream = self.windowed.then(|| {
+            let decode: Decode<'a> = Box::new(move |codes: &[i32]| decode_i32(codec, codes));
+            StreamDecoder::new(decode, &self.reference)
+        });
+        // Fades only where pieces meet, so a one-piece request is the plain decoder output.
+        self.piece = Some(PieceAudio {
+            stream,
+            first_chunk: true,
+            fade_in: if index > 0 { self.fade } else { 0 },
+            fade_out: if index + 1 < self.pieces {
+                self.fade
+            } else {
+                0
+            },
+        });
+        Ok(true)
+    }
+
+    /// One more code of the current piece: with windowed decoding, the audio of every window it
+    /// completes goes out at once.
+    pub fn push_code(
+        &mut self,
+        code: u32,
+        sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<bool, SynthError> {
+        let Some(stream) = self.piece.as_mut().and_then(|p| p.stream.as_mut()) else {
+            return Ok(true);
+        };
+        let t = Instant::now();
+        let step = stream.push(code as i32);
+        self.tally.codec += t.elapsed();
+        let Some(mut samples) = step.map_err(stream_error)? else {
+            return Ok(true);
+        };
+        if let Some(p) = self.piece.as_mut()
+            && p.first_chunk
+        {
+            fade_edges(&mut samples, p.fade_in, 0);
+            p.first_chunk = false;
+        }
+        self.emit(&samples, sink)
+    }
+
+    /// Ends the current piece, whose generated codes are `codes`: the rest of its audio (all of
+    /// it when decoding whole) goes out.
+    pub fn end_piece(
+        &mut self,
+        codes: &[u32],
+        sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<bool, SynthError> {
+        let Some(piece) = self.piece.take() else {
+            return Ok(true);
+        };
+        let t = Instant::now();
+        let mut rest = match piece.stream {
+            Some(stream) => stream.finish().map_err(stream_error)?,
+            None => decode_whole(|c: &[i32]| decode_i32(self.codec, c), &as_i32(codes))
+                .map_err(stream_error)?,
+        };
+        self.tally.codec += t.elapsed();
+        let fade_in = if piece.first_chunk { piece.fade_in } else { 0 };
+        fade_edges(&mut rest, fade_in, piece.fade_out);
+        self.emit(&rest, sink)
+    }
+
+    /// Flushes the output pipeline (the container's end, an encoder's last frames).
+    pub fn finish(
+        self,
+        sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<AudioTally, SynthError> {
+        let t = Instant::now();
+        let Self {
+            pipeline,
+            mut tally,
+            t0,
+            ..
+        } = self;
+        let bytes = pipeline.finish()?;
+        tally.encode += t.elapsed();
+        hand_out(&mut tally, t0, &bytes, sink);
+        Ok(tally)
+    }
+
+    /// Pushes samples through the output pipeline and hands the bytes to the sink.
+    fn emit(
+        &mut self,
+        samples: &[f32],
+        sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<bool, SynthError> {
+        self.tally.samples += samples.len();
+        let t = Instant::now();
+        let bytes = self.pipeline.push(samples)?;
+        self.tally.encode += t.elapsed();
+        Ok(hand_out(&mut self.tally, self.t0, &bytes, sink))
+    }
+}
+
+/// Hands encoded bytes to the sink; false when it asked to stop.
+fn hand_out(
+    tally: &mut AudioTally,
+    t0: Instant,
+    bytes: &[u8],
+    sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
+) -> bool {
+    if bytes.is_empty() {
+        return true;
+    }
+    if tally.first_audio.is_none() {
+        tally.first_audio = Some(t0.elapsed());
+    }
+    tally.bytes += bytes.len();
+    sink(SynthEvent::Audio(bytes)).is_continue()
+}
 
 /// Linear fades over the first `fade_in` and last `fade_out` samples.
-pub(super) fn fade_edges(samples: &mut [f32], fade_in: usize, fade_out: usize) {
+fn fade_edges(samples: &mut [f32], fade_in: usize, fade_out: usize) {
     let n = samples.len();
     let fi = fade_in.min(n);
     for (i, s) in samples.iter_mut().take(fi).enumerate() {
@@ -22,16 +235,16 @@ pub(super) fn fade_edges(samples: &mut [f32], fade_in: usize, fade_out: usize) {
     }
 }
 
-pub(super) fn as_i32(codes: &[u32]) -> Vec<i32> {
+fn as_i32(codes: &[u32]) -> Vec<i32> {
     codes.iter().map(|&c| c as i32).collect()
 }
 
-pub(super) fn decode_i32(codec: &mut CodecDecoder, codes: &[i32]) -> Result<Vec<f32>, CodecError> {
+fn decode_i32(codec: &RefCell<&mut CodecDecoder>, codes: &[i32]) -> Result<Vec<f32>, CodecError> {
     let codes: Vec<u32> = codes.iter().map(|&c| c as u32).collect();
-    codec.decode(&codes)
+    codec.borrow_mut().decode(&codes)
 }
 
-pub(super) fn stream_error(e: StreamError<CodecError>) -> SynthError {
+fn stream_error(e: StreamError<CodecError>) -> SynthError {
     match e {
         StreamError::Decode(e) => SynthError::Codec(e),
         other => SynthError::Codec(CodecError::Runtime(other.to_string())),

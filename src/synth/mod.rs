@@ -116,9 +116,22 @@ pub struct SynthesisReport {
     pub sample_rate: u32,
     pub speed: f32,
     pub bytes: usize,
-    /// Pieces the text was cut into (1 unless it was longer than the budget allows).
-    pub pieces: usize,
+    /// The pieces that ran, in order: one unless the text was longer than the budget allows.
+    pub pieces: Vec<PieceOutcome>,
     pub timings: StageTimings,
+}
+
+/// What one piece of a request was given and made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PieceOutcome {
+    pub text: String,
+    pub prompt_ids: Vec<u32>,
+    /// The piece's code limit (see [`plan::code_budget`]).
+    pub max_new_tokens: usize,
+    /// The seed its sampler ran with.
+    pub seed: u64,
+    pub stop: StopReason,
+    pub codes: Vec<u32>,
 }
 
 impl SynthesisReport {

@@ -1,18 +1,16 @@
 //! Running: the generation loop over a request's pieces, with the audio of each piece sent on
 //! as it is made.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::audio::OutputPipeline;
-use crate::codec::stream::{StreamDecoder, decode_whole};
 use crate::engine::{CancelToken, StopReason};
 use crate::metrics::StageTimings;
 
-use super::audio::{PIECE_FADE_S, PIECE_PAUSE_S, as_i32, decode_i32, fade_edges, stream_error};
+use super::audio::AudioStage;
 use super::plan::piece_limit;
-use super::{SpeechRequest, SynthError, SynthEvent, SynthesisReport, Synthesizer};
+use super::{PieceOutcome, SpeechRequest, SynthError, SynthEvent, SynthesisReport, Synthesizer};
 
 impl Synthesizer {
     /// Synthesises one request. `sink` sees progress and audio in order and may stop the request.
@@ -27,17 +25,23 @@ impl Synthesizer {
         sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
     ) -> Result<SynthesisReport, SynthError> {
         let t0 = Instant::now();
-        let mut timings = StageTimings::default();
         let budget = self.budget;
         let (pieces, voice) = self
             .front
             .plan(req, budget, req.generation.min_new_tokens)?;
-        timings.front_end = t0.elapsed();
+        let front_end = t0.elapsed();
         let rate = self.package().codec.sample_rate;
-        // Setting up the encoder (LAME, libopus, ...) is part of encoding's cost.
-        let t = Instant::now();
-        let mut pipeline = OutputPipeline::new(&req.output, rate)?;
-        timings.encode += t.elapsed();
+        let mut codec = self.codec.lock().map_err(|_| SynthError::Poisoned)?;
+        let codec = RefCell::new(&mut *codec);
+        let mut audio = AudioStage::new(
+            &codec,
+            &req.output,
+            rate,
+            &voice.codes,
+            pieces.len(),
+            req.output.streaming,
+            t0,
+        )?;
         let estimated_codes = pieces.iter().map(|p| p.estimated_codes).sum();
         if sink(SynthEvent::Started {
             prompt_tokens: pieces.iter().map(|p| p.ids.len()).sum(),
@@ -48,11 +52,7 @@ impl Synthesizer {
             cancel.cancel();
         }
 
-        let mut codec = self.codec.lock().map_err(|_| SynthError::Poisoned)?;
         let mut engine = self.engine.lock().map_err(|_| SynthError::Poisoned)?;
-        let reference: Vec<i32> = voice.codes.iter().map(|&c| c as i32).collect();
-        let pause = vec![0.0f32; (PIECE_PAUSE_S * rate as f32) as usize];
-        let fade = (PIECE_FADE_S * rate as f32) as usize;
         let mut out = SynthesisReport {
             codes: Vec::new(),
             prompt_tokens: 0,
@@ -62,35 +62,10 @@ impl Synthesizer {
             sample_rate: rate,
             speed: req.output.speed,
             bytes: 0,
-            pieces: pieces.len(),
-            timings,
+            pieces: Vec::with_capacity(pieces.len()),
+            timings: StageTimings::default(),
         };
-        // Read by the retry decision while the code callback holds `out`.
-        let bytes_sent = Cell::new(0usize);
         let mut retried = false;
-        // Pushes samples through the output pipeline and hands the bytes to the sink; false when
-        // the caller wants to stop.
-        let emit = |samples: &[f32],
-                    out: &mut SynthesisReport,
-                    pipeline: &mut OutputPipeline,
-                    sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>|
-         -> Result<bool, SynthError> {
-            out.samples += samples.len();
-            let t = Instant::now();
-            let bytes = pipeline.push(samples)?;
-            out.timings.encode += t.elapsed();
-            if bytes.is_empty() {
-                return Ok(true);
-            }
-            if out.timings.first_audio.is_none() {
-                out.timings.first_audio = Some(t0.elapsed());
-            }
-            out.bytes += bytes.len();
-            bytes_sent.set(out.bytes);
-            Ok(sink(SynthEvent::Audio(&bytes)).is_continue())
-        };
-
-        let many = pieces.len() > 1;
         // The request's max_new_tokens bounds the whole request: what is left of it carries over
         // from piece to piece.
         let mut left = req.generation.max_new_tokens;
@@ -126,26 +101,14 @@ impl Synthesizer {
                 max_new_tokens: limit,
             })
             .is_break()
+                || !audio.begin_piece(i, sink)?
             {
                 out.stop = StopReason::Cancelled;
                 break;
             }
-            if i > 0 && !emit(&pause, &mut out, &mut pipeline, sink)? {
-                out.stop = StopReason::Cancelled;
-                break;
-            }
-            // Fades only where pieces meet, so a one-piece request is the plain decoder output.
-            let fade_in = if i > 0 { fade } else { 0 };
-            let fade_out = if many && i + 1 < pieces.len() {
-                fade
-            } else {
-                0
-            };
-            let mut first_chunk = true;
+            // Bytes out before this piece: while a whole-file request generates, none go out.
+            let sent_before = audio.tally().bytes;
             let mut failure: Option<SynthError> = None;
-            let mut stream = req.output.streaming.then(|| {
-                StreamDecoder::new(|codes: &[i32]| decode_i32(&mut codec, codes), &reference)
-            });
             let base = out.codes.len();
             let mut stopped_by_sink = false;
             let made = Cell::new(0usize);
@@ -156,33 +119,14 @@ impl Synthesizer {
                     stopped_by_sink = true;
                     return ControlFlow::Break(());
                 }
-                let Some(stream) = stream.as_mut() else {
-                    return ControlFlow::Continue(());
-                };
-                let t = Instant::now();
-                let step = stream.push(code as i32);
-                out.timings.codec += t.elapsed();
-                match step {
-                    Ok(Some(mut samples)) => {
-                        if first_chunk {
-                            fade_edges(&mut samples, fade_in, 0);
-                            first_chunk = false;
-                        }
-                        match emit(&samples, &mut out, &mut pipeline, sink) {
-                            Ok(true) => ControlFlow::Continue(()),
-                            Ok(false) => {
-                                stopped_by_sink = true;
-                                ControlFlow::Break(())
-                            }
-                            Err(e) => {
-                                failure = Some(e);
-                                ControlFlow::Break(())
-                            }
-                        }
+                match audio.push_code(code, sink) {
+                    Ok(true) => ControlFlow::Continue(()),
+                    Ok(false) => {
+                        stopped_by_sink = true;
+                        ControlFlow::Break(())
                     }
-                    Ok(None) => ControlFlow::Continue(()),
                     Err(e) => {
-                        failure = Some(stream_error(e));
+                        failure = Some(e);
                         ControlFlow::Break(())
                     }
                 }
@@ -204,7 +148,7 @@ impl Synthesizer {
                 };
                 let safe = !retried
                     && !req.output.streaming
-                    && bytes_sent.get() == 0
+                    && sent_before == 0
                     && !cancel.is_cancelled();
                 let Some(delay) = safe.then(|| engine.retry_delay(&err)).flatten() else {
                     return Err(err.into());
@@ -229,6 +173,14 @@ impl Synthesizer {
             }
             out.stop = generation.stop;
             out.codes.extend_from_slice(&generation.codes);
+            out.pieces.push(PieceOutcome {
+                text: piece.text.clone(),
+                prompt_ids: piece.ids.clone(),
+                max_new_tokens: limit,
+                seed: generation.seed,
+                stop: generation.stop,
+                codes: generation.codes.clone(),
+            });
             if generation.stop == StopReason::Cancelled || stopped_by_sink {
                 out.stop = StopReason::Cancelled;
                 break;
@@ -243,18 +195,7 @@ impl Synthesizer {
                 );
                 cut = true;
             }
-            let t = Instant::now();
-            let mut rest = match stream {
-                Some(stream) => stream.finish().map_err(stream_error)?,
-                None => decode_whole(
-                    |codes: &[i32]| decode_i32(&mut codec, codes),
-                    &as_i32(&generation.codes),
-                )
-                .map_err(stream_error)?,
-            };
-            out.timings.codec += t.elapsed();
-            fade_edges(&mut rest, if first_chunk { fade_in } else { 0 }, fade_out);
-            if !emit(&rest, &mut out, &mut pipeline, sink)? {
+            if !audio.end_piece(&generation.codes, sink)? {
                 out.stop = StopReason::Cancelled;
                 break;
             }
@@ -262,19 +203,17 @@ impl Synthesizer {
         if cut && out.stop != StopReason::Cancelled {
             out.stop = StopReason::Length;
         }
-        if out.stop != StopReason::Cancelled {
-            let t = Instant::now();
-            let bytes = pipeline.finish()?;
-            out.timings.encode += t.elapsed();
-            if !bytes.is_empty() {
-                if out.timings.first_audio.is_none() {
-                    out.timings.first_audio = Some(t0.elapsed());
-                }
-                out.bytes += bytes.len();
-                let _ = sink(SynthEvent::Audio(&bytes));
-            }
-        }
-        out.timings.front_end = timings.front_end;
+        let tally = if out.stop == StopReason::Cancelled {
+            audio.tally()
+        } else {
+            audio.finish(sink)?
+        };
+        out.samples = tally.samples;
+        out.bytes = tally.bytes;
+        out.timings.codec = tally.codec;
+        out.timings.encode = tally.encode;
+        out.timings.first_audio = tally.first_audio;
+        out.timings.front_end = front_end;
         out.timings.total = t0.elapsed();
         Ok(out)
     }
