@@ -17,10 +17,12 @@ use onebit_tts::engine::{
 };
 use onebit_tts::metrics;
 use onebit_tts::package::{ModelPackage, optimize};
+use onebit_tts::paths::PartialFile;
 use onebit_tts::prompt::InputFormat;
 use onebit_tts::server::ServerConfig;
 use onebit_tts::synth::{
-    EngineKind, FrontEnd, SpeechRequest, SynthConfig, SynthEvent, Synthesizer, resolve_dir,
+    EngineKind, FrontEnd, SpeechCodes, SpeechRequest, SynthConfig, SynthEvent, Synthesizer,
+    resolve_dir,
 };
 use onebit_tts::text::Language;
 
@@ -183,8 +185,29 @@ enum Cmd {
         /// Output file.
         #[arg(short, long, default_value = "out.wav")]
         output: PathBuf,
+        /// Also write the speech codes (the prompt ids and codes of each piece, finish reasons,
+        /// seeds) to this JSON file; `onebit-tts decode FILE` turns it back into the same audio.
+        #[arg(long, value_name = "FILE")]
+        codes: Option<PathBuf>,
+        /// Print the run's numbers and its codes (the --codes fields) as JSON on stdout instead
+        /// of the summary line.
+        #[arg(long)]
+        json: bool,
         /// The text; read from stdin when absent.
         text: Option<String>,
+    },
+    /// Turn speech codes saved by `say --codes` (or printed by `say --json`) into audio: the
+    /// same codes and output options give the same bytes `say` wrote.
+    Decode {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        out: OutArgs,
+        /// Output file.
+        #[arg(short, long, default_value = "out.wav")]
+        output: PathBuf,
+        /// The codes document (JSON).
+        codes: PathBuf,
     },
     /// Serve the OpenAI-compatible API (POST /v1/audio/speech).
     Serve {
@@ -676,16 +699,25 @@ fn output_spec(o: &OutArgs, path: &Path) -> Result<OutputSpec> {
     Ok(spec)
 }
 
+/// Where `say` puts what it made.
+struct SayTo<'a> {
+    audio: &'a Path,
+    codes: Option<&'a Path>,
+    /// The run's numbers and codes as JSON on stdout.
+    json: bool,
+}
+
 fn say(
     model: &ModelArgs,
     g: &GenArgs,
     out: &OutArgs,
     voice: &str,
-    output: &Path,
+    to: &SayTo<'_>,
     text: Option<String>,
     quiet: bool,
 ) -> Result<()> {
     let text = read_text(text)?;
+    let output = to.audio;
     let spec = output_spec(out, output)?;
     let req = request(voice, text, g, spec)?;
     let cfg = synth_config(model);
@@ -697,15 +729,8 @@ fn say(
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     let started = std::time::Instant::now();
-    // Written to a temporary name and renamed at the end, so a failed run never leaves a cut file
-    // under the requested name.
-    let tmp = output.with_extension(format!(
-        "{}.partial",
-        output.extension().and_then(|e| e.to_str()).unwrap_or("out")
-    ));
-    let mut file = std::io::BufWriter::new(
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
-    );
+    let mut file =
+        PartialFile::create(output).with_context(|| format!("creating {}", output.display()))?;
     let mut write_err: Option<std::io::Error> = None;
     let result = synth.synthesize(&req, &CancelToken::new(), &mut |ev| {
         match ev {
@@ -740,38 +765,106 @@ fn say(
         ControlFlow::Continue(())
     });
     bar.finish_and_clear();
-    let finished = (|| -> Result<_> {
-        let report = result?;
-        if let Some(e) = write_err {
-            return Err(e).with_context(|| format!("writing {}", tmp.display()));
+    let report = result?;
+    if let Some(e) = write_err {
+        return Err(e).with_context(|| format!("writing {}", file.partial_path().display()));
+    }
+    let codes = SpeechCodes::of(&synth, &req, &report)?;
+    // The codes file first: when it cannot be written, the audio is not left behind either, so a
+    // run either made everything it was asked for or nothing.
+    if let Some(path) = to.codes {
+        write_whole(path, codes.to_json().as_bytes())?;
+    }
+    file.commit()
+        .with_context(|| format!("writing {}", output.display()))?;
+    if to.json {
+        #[derive(serde::Serialize)]
+        struct SayJson<'a> {
+            output: &'a Path,
+            audio_format: String,
+            output_sample_rate: u32,
+            speed: f32,
+            bytes: usize,
+            device: String,
+            #[serde(flatten)]
+            numbers: metrics::RunNumbers,
+            #[serde(flatten)]
+            codes: &'a SpeechCodes,
         }
-        std::io::Write::flush(&mut file).with_context(|| format!("writing {}", tmp.display()))?;
-        drop(file);
-        std::fs::rename(&tmp, output)
-            .with_context(|| format!("renaming to {}", output.display()))?;
-        Ok(report)
-    })();
-    let report = match finished {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    let secs = report.audio_seconds();
-    let cps = metrics::codes_per_second(report.codes.len(), report.timings.decode);
+        let doc = SayJson {
+            output,
+            audio_format: req.output.format.to_string(),
+            output_sample_rate: req.output.sample_rate,
+            speed: req.output.speed,
+            bytes: report.bytes,
+            device: synth.device_label(),
+            numbers: report.numbers(),
+            codes: &codes,
+        };
+        println!("{}", serde_json::to_string(&doc)?);
+        return Ok(());
+    }
+    let n = report.numbers();
     eprintln!(
         "wrote {} — {:.2} s of audio, {} codes, finish {}, {:.1} codes/s ({:.2}x real time) on {}, RTF {:.3}, seed {}, prompt {} tokens",
         output.display(),
-        secs,
-        report.codes.len(),
-        report.stop.finish_reason(),
-        cps,
-        cps / 50.0,
+        n.audio_s,
+        n.codes,
+        n.finish,
+        n.codes_per_s,
+        n.x_real_time,
         synth.device_label(),
-        metrics::rtf(report.timings.total, secs),
+        n.rtf,
         report.seed,
         report.prompt_tokens,
+    );
+    Ok(())
+}
+
+/// Writes `bytes` to `path` whole or not at all.
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f =
+        PartialFile::create(path).with_context(|| format!("creating {}", path.display()))?;
+    std::io::Write::write_all(&mut f, bytes)
+        .and_then(|()| f.commit())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn decode(model: &ModelArgs, out: &OutArgs, codes_path: &Path, output: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(codes_path)
+        .with_context(|| format!("reading {}", codes_path.display()))?;
+    let codes =
+        SpeechCodes::from_json(&text).with_context(|| format!("{}", codes_path.display()))?;
+    let spec = output_spec(out, output)?;
+    let cfg = synth_config(model);
+    let codec_pkg = match &cfg.codec_dir {
+        Some(dir) => onebit_tts::package::CodecPackage::load(dir)?,
+        None => ModelPackage::load(&cfg.package_dir, None)?.codec,
+    };
+    let mut codec = onebit_tts::synth::load_codec(&cfg, &codec_pkg)?;
+    let mut file =
+        PartialFile::create(output).with_context(|| format!("creating {}", output.display()))?;
+    let mut write_err: Option<std::io::Error> = None;
+    let tally = codes.decode(&mut codec, codec_pkg.sample_rate, &spec, &mut |bytes| {
+        match std::io::Write::write_all(&mut file, bytes) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                write_err = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e).with_context(|| format!("writing {}", file.partial_path().display()));
+    }
+    file.commit()
+        .with_context(|| format!("writing {}", output.display()))?;
+    eprintln!(
+        "wrote {} — {:.2} s of audio from {} codes in {} pieces",
+        output.display(),
+        tally.samples as f64 / f64::from(codec_pkg.sample_rate) / f64::from(spec.speed),
+        codes.all_codes().count(),
+        codes.pieces.len(),
     );
     Ok(())
 }
@@ -954,8 +1047,28 @@ fn run(cli: Cli) -> Result<()> {
             out,
             voice,
             output,
+            codes,
+            json,
             text,
-        } => say(&model, &generation, &out, &voice, &output, text, cli.quiet),
+        } => say(
+            &model,
+            &generation,
+            &out,
+            &voice,
+            &SayTo {
+                audio: &output,
+                codes: codes.as_deref(),
+                json,
+            },
+            text,
+            cli.quiet,
+        ),
+        Cmd::Decode {
+            model,
+            out,
+            output,
+            codes,
+        } => decode(&model, &out, &codes, &output),
         Cmd::Serve { model, args } => serve(&model, &args),
         Cmd::Bench { model, args } => bench(&model, &args, cli.quiet),
         Cmd::Worker => unreachable!("main runs the worker before anything else"),

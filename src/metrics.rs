@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use serde::Serialize;
+
 /// Time spent per stage of one synthesis.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StageTimings {
@@ -40,5 +42,57 @@ pub fn rtf(wall: Duration, audio_seconds: f64) -> f64 {
         wall.as_secs_f64() / audio_seconds
     } else {
         0.0
+    }
+}
+
+/// The numbers of one synthesis as `say --json` and `bench` report them.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunNumbers {
+    pub codes: usize,
+    /// `stop` (the end token), `length` (a piece reached its code limit) or `cancelled`.
+    pub finish: &'static str,
+    pub prompt_tokens: usize,
+    pub audio_s: f64,
+    /// Codes per second of decode time.
+    pub codes_per_s: f64,
+    pub x_real_time: f64,
+    pub rtf: f64,
+    pub prefill_tok_per_s: f64,
+    pub first_audio_ms: Option<f64>,
+    pub front_end_ms: f64,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    pub codec_ms: f64,
+    pub encode_ms: f64,
+    pub total_ms: f64,
+}
+
+impl RunNumbers {
+    pub fn new(
+        codes: usize,
+        finish: &'static str,
+        prompt_tokens: usize,
+        audio_s: f64,
+        t: &StageTimings,
+    ) -> Self {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let cps = codes_per_second(codes, t.decode);
+        Self {
+            codes,
+            finish,
+            prompt_tokens,
+            audio_s,
+            codes_per_s: cps,
+            x_real_time: cps / 50.0,
+            rtf: rtf(t.total, audio_s),
+            prefill_tok_per_s: prompt_tokens as f64 / t.prefill.as_secs_f64().max(1e-9),
+            first_audio_ms: t.first_audio.map(ms),
+            front_end_ms: ms(t.front_end),
+            prefill_ms: ms(t.prefill),
+            decode_ms: ms(t.decode),
+            codec_ms: ms(t.codec),
+            encode_ms: ms(t.encode),
+            total_ms: ms(t.total),
+        }
     }
 }

@@ -32,3 +32,69 @@ pub fn onebit_homes() -> Vec<PathBuf> {
 pub fn in_homes(rel: &str) -> Vec<PathBuf> {
     onebit_homes().into_iter().map(|h| h.join(rel)).collect()
 }
+
+/// A file written under `NAME.EXT.partial` beside its final name and renamed over it only once
+/// complete, so a failed or interrupted run never leaves a cut file under the requested name.
+/// Dropped without [`commit`](Self::commit), it removes what it wrote.
+pub struct PartialFile {
+    tmp: PathBuf,
+    target: PathBuf,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+impl PartialFile {
+    pub fn create(target: &Path) -> std::io::Result<Self> {
+        let ext = target.extension().and_then(|e| e.to_str()).unwrap_or("out");
+        let tmp = target.with_extension(format!("{ext}.partial"));
+        let file = std::fs::File::create(&tmp)?;
+        Ok(Self {
+            tmp,
+            target: target.to_path_buf(),
+            file: Some(std::io::BufWriter::new(file)),
+        })
+    }
+
+    /// The name written to until the commit.
+    pub fn partial_path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Flushes and renames the file to its final name.
+    pub fn commit(mut self) -> std::io::Result<()> {
+        let Some(mut f) = self.file.take() else {
+            return Ok(());
+        };
+        let done = std::io::Write::flush(&mut f)
+            .and_then(|()| f.into_inner().map_err(|e| e.into_error()))
+            .and_then(|f| f.sync_all())
+            .and_then(|()| std::fs::rename(&self.tmp, &self.target));
+        if done.is_err() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+        done
+    }
+}
+
+impl std::io::Write for PartialFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.file.as_mut() {
+            Some(f) => f.write(buf),
+            None => Err(std::io::Error::other("file already committed")),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self.file.as_mut() {
+            Some(f) => f.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for PartialFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}

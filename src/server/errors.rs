@@ -112,7 +112,9 @@ impl From<SynthError> for ApiError {
             | SynthError::Codec(_)
             | SynthError::Poisoned
             | SynthError::Text(_) => ApiError::unavailable(msg),
-            SynthError::Audio(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg),
+            SynthError::Audio(_) | SynthError::Codes(_) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg)
+            }
         }
     }
 }

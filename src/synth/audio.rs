@@ -19,7 +19,7 @@ const PIECE_FADE_S: f32 = 0.01;
 
 /// What the audio stage spent and made.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct AudioTally {
+pub struct AudioTally {
     /// Decoded samples at the codec rate (before any speed change or resampling).
     pub samples: usize,
     pub bytes: usize,

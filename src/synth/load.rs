@@ -3,13 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::codec::CodecDecoder;
 use crate::engine::device::{self, Device, DeviceChoice};
 use crate::engine::{
     self, Engine, EngineError, LocalEngine, OgaOptions, OrtOptions, ResidencyGate, WorkerConfig,
     WorkerEngine, WorkerTimeouts,
 };
 use crate::npu::Residency;
-use crate::package::ModelPackage;
+use crate::package::{CodecPackage, ModelPackage};
 
 /// How to build a [`Synthesizer`].
 #[derive(Debug, Clone, Default)]
@@ -142,6 +143,18 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
             Ok(Box::new(LocalEngine(Box::new(backbone))))
         }
     }
+}
+
+/// Loads the NeuCodec decoder with the threads a config gives it, on this process's ONNX Runtime.
+pub fn load_codec(cfg: &SynthConfig, codec: &CodecPackage) -> Result<CodecDecoder, crate::Error> {
+    let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
+    let threads = crate::engine::ThreadPlan::new(
+        cfg.ort.threads,
+        &crate::engine::CpuTopology::detect(),
+        cfg.codec_threads,
+        cfg.ort.spin,
+    );
+    Ok(CodecDecoder::load(env, codec, &threads)?)
 }
 
 /// Where a backbone runs, as far as it was observed: an NPU load is "npu" only with proven

@@ -7,6 +7,7 @@
 //! encoded bytes: decoding, the joins between pieces, the output pipeline).
 
 mod audio;
+pub mod codes;
 pub mod load;
 pub mod plan;
 mod run;
@@ -24,8 +25,9 @@ use crate::prompt::{InputFormat, PromptError};
 use crate::text::{Language, TextError};
 use crate::voice::{VoiceError, VoiceStore};
 
-pub use audio::PIECE_PAUSE_S;
-pub use load::{EngineKind, SynthConfig, device_label, load_engine, resolve_dir};
+pub use audio::{AudioTally, PIECE_PAUSE_S};
+pub use codes::{CODES_FORMAT, CodesError, Decoding, PieceCodes, SpeechCodes};
+pub use load::{EngineKind, SynthConfig, device_label, load_codec, load_engine, resolve_dir};
 pub use plan::{
     BUDGET_CHARS_PER_SECOND, BUDGET_FACTOR, BUDGET_FLOOR_CODES, FrontEnd, Piece, code_budget,
 };
@@ -61,6 +63,8 @@ pub enum SynthError {
     Audio(#[from] crate::audio::AudioError),
     #[error("the engine is unavailable: a previous request panicked inside it")]
     Poisoned,
+    #[error(transparent)]
+    Codes(#[from] CodesError),
 }
 
 /// One request.
@@ -118,6 +122,9 @@ pub struct SynthesisReport {
     pub bytes: usize,
     /// The pieces that ran, in order: one unless the text was longer than the budget allows.
     pub pieces: Vec<PieceOutcome>,
+    /// Pieces the text was cut into; more than ran when max_new_tokens ran out or the request
+    /// was cancelled (the joins of the audio were planned for these).
+    pub planned_pieces: usize,
     pub timings: StageTimings,
 }
 
@@ -139,6 +146,17 @@ impl SynthesisReport {
     pub fn audio_seconds(&self) -> f64 {
         self.samples as f64 / f64::from(self.sample_rate) / f64::from(self.speed)
     }
+
+    /// The run's rates and stage times.
+    pub fn numbers(&self) -> crate::metrics::RunNumbers {
+        crate::metrics::RunNumbers::new(
+            self.codes.len(),
+            self.stop.finish_reason(),
+            self.prompt_tokens,
+            self.audio_seconds(),
+            &self.timings,
+        )
+    }
 }
 
 /// The loaded model, codec and voices; shared by every request.
@@ -158,14 +176,7 @@ impl Synthesizer {
     pub fn load(cfg: &SynthConfig) -> Result<Self, crate::Error> {
         let front = FrontEnd::load(cfg)?;
         let engine = load_engine(cfg, front.package())?;
-        let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
-        let threads = crate::engine::ThreadPlan::new(
-            cfg.ort.threads,
-            &crate::engine::CpuTopology::detect(),
-            cfg.codec_threads,
-            cfg.ort.spin,
-        );
-        let codec = CodecDecoder::load(env, &front.package().codec, &threads)?;
+        let codec = load_codec(cfg, &front.package().codec)?;
         Ok(Self::from_parts(front, engine, codec))
     }
 

@@ -63,6 +63,7 @@ impl Synthesizer {
             speed: req.output.speed,
             bytes: 0,
             pieces: Vec::with_capacity(pieces.len()),
+            planned_pieces: pieces.len(),
             timings: StageTimings::default(),
         };
         let mut retried = false;
@@ -146,10 +147,8 @@ impl Synthesizer {
                     Ok(g) => break g,
                     Err(e) => e,
                 };
-                let safe = !retried
-                    && !req.output.streaming
-                    && sent_before == 0
-                    && !cancel.is_cancelled();
+                let safe =
+                    !retried && !req.output.streaming && sent_before == 0 && !cancel.is_cancelled();
                 let Some(delay) = safe.then(|| engine.retry_delay(&err)).flatten() else {
                     return Err(err.into());
                 };
