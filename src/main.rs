@@ -398,58 +398,43 @@ struct AddArgs {
 
 /// `voices add`: decode and resample the reference, encode it, save the voice.
 fn voices_add(a: AddArgs) -> Result<()> {
-    use onebit_tts::codec::encoder::{CodecEncoder, ENCODER_NEEDED, ENCODER_SAMPLE_RATE};
-    use onebit_tts::voice::{Voice, VoiceError, VoiceStore};
+    use onebit_tts::codec::encoder::CodecEncoder;
+    use onebit_tts::voice::clone::{CloneSpec, clone_voice, find_encoder};
+    use onebit_tts::voice::{VoiceError, VoiceStore};
 
-    onebit_tts::voice::validate_name(&a.name)?;
-    if a.text.trim().is_empty() {
-        bail!("the transcript is empty: pass the exact words of the reference with --text");
-    }
-    let language = a
-        .language
-        .parse::<Language>()
-        .map_err(|e| anyhow::anyhow!("--language: {e}"))?
-        .as_str()
-        .to_owned();
     let dir = a.dir.clone().unwrap_or_else(store_dir);
     let target = dir.join(format!("{}.json", a.name));
-    if !a.force && target.exists() {
-        return Err(VoiceError::Exists(target).into());
-    }
-
     let model_dir = a
         .model
         .as_deref()
         .map(resolve_dir)
         .unwrap_or_else(default_model);
-    let encoder = match a.encoder.clone() {
-        Some(e) => e,
-        None => {
-            let codec_dir = a
-                .codec
-                .as_deref()
-                .map(resolve_dir)
-                .unwrap_or_else(|| model_dir.join("codec"));
-            let pkg = onebit_tts::package::CodecPackage::load(&codec_dir).ok();
-            match pkg.and_then(|p| p.encoder) {
-                Some(e) => e,
-                None => bail!(
-                    "no encoder: neither --encoder, ONEBIT_CODEC_ENCODER nor an \"encoder\" in {} is set; {ENCODER_NEEDED}",
-                    codec_dir.join("codec.json").display()
-                ),
-            }
-        }
+    let codec_dir = a
+        .codec
+        .as_deref()
+        .map(resolve_dir)
+        .unwrap_or_else(|| model_dir.join("codec"));
+    let mut spec = CloneSpec {
+        name: a.name.clone(),
+        transcript: a.text.clone(),
+        language: a.language.clone(),
+        license: a.license.clone().unwrap_or_default(),
+        source: String::new(),
     };
+    // Everything the user typed is checked before any audio is decoded or encoded.
+    spec.check()?;
+    if !a.force && target.exists() {
+        return Err(VoiceError::Exists(target).into());
+    }
+    let encoder = find_encoder(a.encoder.as_deref(), &codec_dir)?;
+    spec.source = format!(
+        "encoded from {} with {}",
+        file_name(&a.audio),
+        file_name(&encoder)
+    );
 
     let audio = onebit_tts::audio::decode::decode_path(&a.audio)
         .with_context(|| format!("{}", a.audio.display()))?;
-    if audio.sample_rate != ENCODER_SAMPLE_RATE {
-        bail!(
-            "{}: the audio stage gave {} Hz, the encoder needs {ENCODER_SAMPLE_RATE} Hz",
-            a.audio.display(),
-            audio.sample_rate
-        );
-    }
     println!(
         "audio:    {}: {:.2} s, {} Hz, {} channel{} -> {} samples at {} Hz mono; clipped {} of {} samples ({:.2}%)",
         a.audio.display(),
@@ -467,12 +452,6 @@ fn voices_add(a: AddArgs) -> Result<()> {
         audio.clipping.total_samples,
         audio.clipping.ratio() * 100.0
     );
-    if audio.clipping.ratio() > 0.001 {
-        eprintln!(
-            "warning: {:.2}% of the reference is clipped; a distorted reference gives a distorted voice",
-            audio.clipping.ratio() * 100.0
-        );
-    }
 
     let env = onebit_tts::runtime::environment(a.ort_lib.as_deref())?;
     let threads = onebit_tts::engine::ThreadPlan::new(
@@ -482,42 +461,25 @@ fn voices_add(a: AddArgs) -> Result<()> {
         None,
     );
     let mut enc = CodecEncoder::load(env, &encoder, &threads)?;
-    let codes = enc.encode(&audio.samples)?;
-    println!(
-        "encoder:  {} -> {} codes ({:.2} s at 50 codes/s)",
-        encoder.display(),
-        codes.len(),
-        codes.len() as f32 / 50.0
-    );
-    if codes.is_empty() {
-        bail!(
-            "{}: the encoder gave no codes; the reference is too short",
-            a.audio.display()
-        );
-    }
-
-    let voice = Voice {
-        name: a.name.clone(),
-        language,
-        transcript: a.text.trim().to_owned(),
-        codes,
-        source: format!(
-            "encoded from {} with {}",
-            file_name(&a.audio),
-            file_name(&encoder)
-        ),
-        license: a.license.clone().unwrap_or_default(),
-    };
-    let warning = match a.model.as_deref().map(resolve_dir) {
-        Some(dir) => onebit_tts::voice::check_budget(
-            &voice,
+    // An explicit model also bounds the reference by its context.
+    let budget = match a.model.as_deref().map(resolve_dir) {
+        Some(dir) => Some(
             ModelPackage::load(&dir, a.codec.as_deref())?
                 .genai
                 .token_budget(),
-        )?,
-        None => onebit_tts::voice::length_warning(&voice),
+        ),
+        None => None,
     };
-    if let Some(w) = warning {
+    let cloned = clone_voice(&spec, &audio, &mut enc, budget)
+        .with_context(|| format!("{}", a.audio.display()))?;
+    let voice = cloned.voice;
+    println!(
+        "encoder:  {} -> {} codes ({:.2} s at 50 codes/s)",
+        encoder.display(),
+        voice.codes.len(),
+        voice.seconds()
+    );
+    for w in &cloned.warnings {
         eprintln!("warning: {w}");
     }
     let path = VoiceStore::save(&dir, &voice, a.force)?;

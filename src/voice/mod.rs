@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::package::SPEECH_CODES;
 
+pub mod clone;
 pub mod import;
 mod pickle;
 mod torch;
