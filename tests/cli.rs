@@ -412,3 +412,61 @@ fn bench_json_reports_each_runs_finish_reason() {
         assert_eq!(r["codes"], 120, "{r}");
     }
 }
+
+/// `bench --engine-only --peers` runs onnxruntime-genai's own loop on the same prompts (its
+/// greedy tokens equal ours), says why llama.cpp did not run, and refuses a missing GGUF.
+#[test]
+fn bench_peers_run_onnxruntime_genai_on_the_same_prompts() {
+    let base = [
+        "bench",
+        "-q",
+        "--model",
+        "models/tiny",
+        "--engine-only",
+        "--runs",
+        "1",
+        "--new-tokens",
+        "4",
+        "--prompt-lens",
+        "32,64",
+        "--peers",
+    ];
+    let o = cli(&base);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = common::stdout(&o);
+    assert!(
+        out.contains("oga decode tok/s") && out.contains("x oga"),
+        "{out}"
+    );
+    assert!(
+        out.contains("greedy tokens equal to ours from the start: 4/4, 4/4"),
+        "{out}"
+    );
+    assert!(
+        out.contains("llama.cpp peer not run: no models/tiny-q4_0.gguf"),
+        "{out}"
+    );
+
+    let mut json = base.to_vec();
+    json.push("--json");
+    let o = cli(&json);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    assert_eq!(
+        v["peers"]["onnxruntime_genai"]["greedy_agreement"],
+        serde_json::json!([4, 4])
+    );
+    assert_eq!(v["ours"].as_array().unwrap().len(), 2);
+    assert_eq!(v["onnxruntime_genai"].as_array().unwrap().len(), 2);
+    assert!(v["llama_cpp"].is_null());
+
+    let mut missing = base.to_vec();
+    missing.extend(["--llama-gguf", "target/no-such.gguf"]);
+    let err = error_line(&cli(&missing));
+    assert!(
+        err.contains("--llama-gguf")
+            && err.contains("no such file")
+            && err.contains("onnx_to_gguf.py"),
+        "{err}"
+    );
+}

@@ -1,0 +1,587 @@
+//! `bench --engine-only`: the backbone alone at fixed prompt lengths, and with `--peers` the
+//! peers' own generation loops (onnxruntime-genai, llama.cpp) on the same prompts, each run by a
+//! script of benches/peers/ in its own process (stdin/stdout JSON, see benches/peers/oga_bench.py).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::engine::{Candidates, EngineError};
+use crate::synth::{FrontEnd, SynthConfig, device_label, load_engine, resolve_dir};
+
+use super::{EngineRun, Stat, engine_only, files_mb, machine, peak_rss_mb, synthetic_prompt};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Load(#[from] crate::Error),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("the {peer} peer needs {what} ({setup})")]
+    PeerMissing {
+        peer: &'static str,
+        what: String,
+        setup: &'static str,
+    },
+    #[error("--llama-gguf {}: no such file; make the llama.cpp peer's model with: {howto} [--out FILE]", .path.display())]
+    NoGguf { path: PathBuf, howto: String },
+    #[error("the {peer} peer ({} {}): {source}", .python.display(), .script.display())]
+    PeerIo {
+        peer: &'static str,
+        python: PathBuf,
+        script: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the {peer} peer failed ({status}) on {}; its messages are above (setup: {setup})",
+        .model.display()
+    )]
+    PeerFailed {
+        peer: &'static str,
+        status: std::process::ExitStatus,
+        model: PathBuf,
+        setup: &'static str,
+    },
+    #[error("the {peer} peer's output: {msg}")]
+    PeerOutput { peer: &'static str, msg: String },
+    #[error("the {peer} peer answered {got} of {want} prompts")]
+    PeerShort {
+        peer: &'static str,
+        got: usize,
+        want: usize,
+    },
+}
+
+/// What `bench --engine-only` runs.
+#[derive(Debug, Clone)]
+pub struct EngineBench {
+    pub prompt_lens: Vec<usize>,
+    pub new_tokens: usize,
+    pub runs: usize,
+    /// Run the peers too.
+    pub peers: bool,
+    /// The package the peers run (default: the bench's).
+    pub peer_model: Option<PathBuf>,
+    /// The llama.cpp peer's GGUF (default: PEER_MODEL-q4_0.gguf beside the peer package).
+    pub llama_gguf: Option<PathBuf>,
+    /// Threads the peers are given (the bench's --threads).
+    pub peer_threads: Option<usize>,
+}
+
+/// The engine-only report: ours per prompt length, and each peer's.
+#[derive(Debug, Clone)]
+pub struct EngineReport {
+    pub engine: String,
+    /// As observed: an unproven NPU load is "cpu fallback", never "npu".
+    pub device: String,
+    pub residency: Option<crate::npu::Residency>,
+    pub machine: String,
+    pub ours: Vec<EngineRun>,
+    pub peers: Vec<PeerRun>,
+    /// Why the llama.cpp peer did not run, when it was not asked for by path and is not there.
+    pub llama_note: Option<String>,
+    pub peak_rss_mb: f64,
+    pub model_files_mb: f64,
+    pub new_tokens: usize,
+    pub runs: usize,
+}
+
+/// The text every engine-only prompt starts from (the vendor's example sentence, phonemized).
+const PROMPT_TEXT: &str =
+    "user: Convert the text to speech: ðə kwˈɪk bɹˈaʊn fˈɑːks dʒˈʌmps ˌoʊvɚ ðə lˈeɪzi dˈɑːɡ.";
+
+/// Loads the engine a config asks for and measures it (and the peers) on synthetic prompts of
+/// the lengths that fit the package's budget.
+pub fn run_engine_bench(
+    cfg: &SynthConfig,
+    opts: &EngineBench,
+    progress: &mut dyn FnMut(&str, usize, usize),
+) -> Result<EngineReport, BenchError> {
+    let front = FrontEnd::load(cfg)?;
+    let pkg = front.package();
+    let mut engine = load_engine(cfg, pkg)?;
+    let candidates = Candidates::of(pkg);
+    let text_ids: Vec<u32> = pkg
+        .tokenizer
+        .encode(PROMPT_TEXT, false)
+        .map_err(|e| BenchError::Tokenizer(e.to_string()))?
+        .get_ids()
+        .to_vec();
+    let budget = pkg.genai.token_budget();
+    let lens: Vec<usize> = opts
+        .prompt_lens
+        .iter()
+        .copied()
+        .filter(|&n| n + opts.new_tokens <= budget)
+        .collect();
+    let ours = engine_only(
+        engine.as_mut(),
+        &candidates,
+        &text_ids,
+        &lens,
+        opts.new_tokens,
+        opts.runs,
+        progress,
+    )?;
+    let mut peers: Vec<PeerRun> = Vec::new();
+    let mut llama_note = None;
+    if opts.peers {
+        let peer_dir = opts
+            .peer_model
+            .as_deref()
+            .map(resolve_dir)
+            .unwrap_or_else(|| pkg.dir.clone());
+        let prompts: Vec<Vec<u32>> = lens
+            .iter()
+            .map(|&n| synthetic_prompt(&candidates, &text_ids, n))
+            .collect();
+        let total = lens.len() * (opts.runs + 1);
+        progress("onnxruntime-genai (peer) on the same prompts", total, total);
+        peers.push(run_peer(
+            &Peer::oga(&peer_dir)?,
+            &prompts,
+            opts.new_tokens,
+            opts.runs,
+            opts.peer_threads,
+        )?);
+        match Peer::llama(opts.llama_gguf.as_deref(), &peer_dir)? {
+            Ok(llama) => {
+                progress("llama.cpp (peer) on the same prompts", total, total);
+                peers.push(run_peer(
+                    &llama,
+                    &prompts,
+                    opts.new_tokens,
+                    opts.runs,
+                    opts.peer_threads,
+                )?);
+            }
+            Err(note) => llama_note = Some(note),
+        }
+    }
+    let residency = engine.worker().and_then(|w| w.residency());
+    Ok(EngineReport {
+        engine: engine.describe(),
+        device: device_label(engine.device(), residency.as_ref()),
+        residency,
+        machine: machine(),
+        ours,
+        peers,
+        llama_note,
+        peak_rss_mb: peak_rss_mb(),
+        model_files_mb: files_mb(&pkg.dir),
+        new_tokens: opts.new_tokens,
+        runs: opts.runs,
+    })
+}
+
+impl EngineReport {
+    /// How many of each peer's greedy tokens equal ours from the start, per prompt length.
+    fn agreement(&self, peer: &PeerRun) -> Vec<usize> {
+        self.ours
+            .iter()
+            .zip(&peer.per_prompt)
+            .map(|(o, r)| leading_agreement(&o.last_ids, &r.tokens))
+            .collect()
+    }
+
+    /// The JSON report. "onnxruntime_genai" / "llama_cpp": [prefill ms, decode tok/s] per
+    /// prompt length; "peers": who ran, on what, and how far its greedy tokens agree with ours.
+    pub fn to_json(&self) -> serde_json::Value {
+        let pairs = |key: &str| {
+            self.peers.iter().find(|p| p.key == key).map(|p| {
+                p.per_prompt
+                    .iter()
+                    .map(|r| (r.prefill_ms, r.decode_tok_per_s))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let about: serde_json::Map<String, serde_json::Value> = self
+            .peers
+            .iter()
+            .map(|p| {
+                (
+                    p.key.to_owned(),
+                    serde_json::json!({"version": p.version, "model": p.model,
+                        "settings": p.settings, "greedy_agreement": self.agreement(p)}),
+                )
+            })
+            .collect();
+        serde_json::json!({"engine": self.engine, "device": self.device,
+            "residency": self.residency, "machine": self.machine, "ours": self.ours,
+            "onnxruntime_genai": pairs("onnxruntime_genai"), "llama_cpp": pairs("llama_cpp"),
+            "peers": about, "llama_cpp_note": self.llama_note,
+            "peak_rss_mb": self.peak_rss_mb, "model_files_mb": self.model_files_mb})
+    }
+
+    /// The table `bench --engine-only` prints.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "engine {}\ndevice {}\nmachine {}\n\n",
+            self.engine, self.device, self.machine
+        );
+        // Stat's Display ignores width, so each cell is formatted first, then padded.
+        let cell = |st: Stat, p: usize| format!("{:.p$} ± {:.p$}", st.median, st.half_range);
+        let mut rows: Vec<Vec<String>> = vec![
+            ["prompt", "prefill ms", "prefill tok/s", "decode codes/s"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for p in &self.peers {
+            rows[0].push(format!("{} decode tok/s", p.label));
+            rows[0].push(format!("x {}", p.short));
+            rows[0].push(format!("prefill x {}", p.short));
+        }
+        for (i, r) in self.ours.iter().enumerate() {
+            let mut row = vec![
+                r.prompt_tokens.to_string(),
+                cell(r.prefill_ms, 1),
+                cell(r.prefill_tok_per_s, 0),
+                cell(r.decode_codes_per_s, 1),
+            ];
+            for p in &self.peers {
+                let pr = &p.per_prompt[i];
+                row.push(format!("{:.1}", pr.decode_tok_per_s.median));
+                row.push(format!(
+                    "{:.2}",
+                    r.decode_codes_per_s.median / pr.decode_tok_per_s.median
+                ));
+                row.push(format!("{:.2}", pr.prefill_ms.median / r.prefill_ms.median));
+            }
+            rows.push(row);
+        }
+        let widths: Vec<usize> = (0..rows[0].len())
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
+        for row in &rows {
+            let line: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .map(|(s, &w)| format!("{s:>w$}"))
+                .collect();
+            s.push_str(&line.join("  "));
+            s.push('\n');
+        }
+        s.push_str(&format!(
+            "\npeak RSS {:.0} MiB (this process; each peer runs in its own); model files {:.0} MiB; {} new codes per run, median ± half-range of {} runs\n",
+            self.peak_rss_mb, self.model_files_mb, self.new_tokens, self.runs
+        ));
+        for p in &self.peers {
+            let agree: Vec<String> = self
+                .agreement(p)
+                .iter()
+                .zip(&self.ours)
+                .map(|(n, o)| format!("{n}/{}", o.last_ids.len()))
+                .collect();
+            s.push_str(&format!(
+                "{}: {} on {}; greedy tokens equal to ours from the start: {}\n",
+                p.label,
+                p.version,
+                p.model.display(),
+                agree.join(", ")
+            ));
+        }
+        if let Some(note) = &self.llama_note {
+            s.push_str(note);
+            s.push('\n');
+        }
+        s
+    }
+}
+
+/// The command that makes the llama.cpp peer's model from a package.
+fn llama_howto(peer_dir: &Path) -> String {
+    format!(
+        "scripts/setup-llama-peer.sh && .onebit/venv/bin/python tools/onnx_to_gguf.py {}",
+        peer_dir.display()
+    )
+}
+
+/// A peer engine: its own generation loop, run by a script of benches/peers/.
+struct Peer {
+    /// Key in the JSON report.
+    key: &'static str,
+    /// Name in the table and messages.
+    label: &'static str,
+    /// Ratio column suffix (`x oga`).
+    short: &'static str,
+    python: PathBuf,
+    /// Relative to the checkout (resolved like a model directory).
+    script: PathBuf,
+    model: PathBuf,
+    /// How to install what the peer needs, for error messages.
+    setup: &'static str,
+}
+
+impl Peer {
+    /// onnxruntime-genai's greedy loop on an onnxruntime-genai package.
+    fn oga(dir: &Path) -> Result<Self, BenchError> {
+        let python = crate::paths::in_homes("venv/bin/python")
+            .into_iter()
+            .find(|p| p.exists())
+            .ok_or(BenchError::PeerMissing {
+                peer: "onnxruntime-genai",
+                what: ".onebit/venv".into(),
+                setup: "scripts/setup.sh",
+            })?;
+        Ok(Self {
+            key: "onnxruntime_genai",
+            label: "oga",
+            short: "oga",
+            python,
+            script: "benches/peers/oga_bench.py".into(),
+            model: dir.to_path_buf(),
+            setup: "scripts/setup.sh",
+        })
+    }
+
+    /// llama.cpp's loop on a Q4_0 GGUF: `gguf`, else `PEER_DIR-q4_0.gguf` beside the peer
+    /// package (what tools/onnx_to_gguf.py writes by default). `Ok(Err(note))` when no GGUF was
+    /// asked for and none is there: the bench runs without it and prints the note.
+    fn llama(gguf: Option<&Path>, peer_dir: &Path) -> Result<Result<Self, String>, BenchError> {
+        let howto = llama_howto(peer_dir);
+        let model = match gguf {
+            Some(p) => {
+                let p = resolve_dir(p);
+                if !p.is_file() {
+                    return Err(BenchError::NoGguf { path: p, howto });
+                }
+                p
+            }
+            None => {
+                let name = peer_dir
+                    .file_name()
+                    .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+                let p = peer_dir.with_file_name(format!("{name}-q4_0.gguf"));
+                if !p.is_file() {
+                    return Ok(Err(format!(
+                        "llama.cpp peer not run: no {} (and no --llama-gguf); to add it: {howto}",
+                        p.display()
+                    )));
+                }
+                p
+            }
+        };
+        let python = crate::paths::in_homes("llama/venv/bin/python")
+            .into_iter()
+            .find(|p| p.exists())
+            .ok_or_else(|| BenchError::PeerMissing {
+                peer: "llama.cpp",
+                what: format!("llama.cpp built into .onebit/llama for {}", model.display()),
+                setup: "scripts/setup-llama-peer.sh",
+            })?;
+        Ok(Ok(Self {
+            key: "llama_cpp",
+            label: "llama.cpp",
+            short: "llama",
+            python,
+            script: "benches/peers/llama_bench.py".into(),
+            model,
+            setup: "scripts/setup-llama-peer.sh",
+        }))
+    }
+}
+
+/// One peer's measurements, per prompt length.
+#[derive(Debug, Clone)]
+pub struct PeerRun {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub short: &'static str,
+    pub model: PathBuf,
+    pub version: String,
+    pub settings: serde_json::Value,
+    pub per_prompt: Vec<PeerResult>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerResult {
+    pub prefill_ms: Stat,
+    pub decode_tok_per_s: Stat,
+    /// The new ids of the peer's last run (empty when its script does not say).
+    pub tokens: Vec<u32>,
+}
+
+/// Runs a peer's script on the prompts: exactly `new_tokens` greedy tokens, one warm-up and
+/// `runs` measured runs per prompt.
+fn run_peer(
+    peer: &Peer,
+    prompts: &[Vec<u32>],
+    new_tokens: usize,
+    runs: usize,
+    threads: Option<usize>,
+) -> Result<PeerRun, BenchError> {
+    use std::io::Write as _;
+    let script = resolve_dir(&peer.script);
+    let io = |source: std::io::Error| BenchError::PeerIo {
+        peer: peer.label,
+        python: peer.python.clone(),
+        script: script.clone(),
+        source,
+    };
+    let output = |msg: String| BenchError::PeerOutput {
+        peer: peer.label,
+        msg,
+    };
+    let mut child = std::process::Command::new(&peer.python)
+        .arg(&script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(io)?;
+    let req = serde_json::json!({"model": peer.model, "prompts": prompts, "new_tokens": new_tokens,
+        "runs": runs, "threads": threads});
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(req.to_string().as_bytes()).map_err(io)?;
+    }
+    let out = child.wait_with_output().map_err(io)?;
+    if !out.status.success() {
+        return Err(BenchError::PeerFailed {
+            peer: peer.label,
+            status: out.status,
+            model: peer.model.clone(),
+            setup: peer.setup,
+        });
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| output(format!("not JSON: {e}")))?;
+    let results = v["results"]
+        .as_array()
+        .ok_or_else(|| output("no results".into()))?;
+    if results.len() != prompts.len() {
+        return Err(BenchError::PeerShort {
+            peer: peer.label,
+            got: results.len(),
+            want: prompts.len(),
+        });
+    }
+    let per_prompt = results
+        .iter()
+        .map(|r| {
+            let f = |k: &str| -> Vec<f64> {
+                r[k].as_array()
+                    .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+                    .unwrap_or_default()
+            };
+            PeerResult {
+                prefill_ms: Stat::of(&f("prefill_s").iter().map(|s| s * 1e3).collect::<Vec<_>>()),
+                decode_tok_per_s: Stat::of(&f("decode_tok_per_s")),
+                tokens: r["tokens"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|x| x.as_u64().map(|t| t as u32))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    Ok(PeerRun {
+        key: peer.key,
+        label: peer.label,
+        short: peer.short,
+        model: peer.model.clone(),
+        version: v["version"].as_str().unwrap_or("?").to_owned(),
+        settings: v["settings"].clone(),
+        per_prompt,
+    })
+}
+
+/// How many tokens two greedy runs share from the start.
+fn leading_agreement(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leading_agreement_counts_the_common_start() {
+        assert_eq!(leading_agreement(&[1, 2, 3], &[1, 2, 3]), 3);
+        assert_eq!(leading_agreement(&[1, 2, 3], &[1, 9, 3]), 1);
+        assert_eq!(leading_agreement(&[1, 2, 3], &[]), 0);
+        assert_eq!(leading_agreement(&[1, 2], &[1, 2, 3]), 2);
+    }
+
+    #[test]
+    fn llama_peer_default_gguf_sits_beside_the_package() {
+        let dir = std::env::temp_dir().join(format!("onebit-llama-peer-{}", std::process::id()));
+        let pkg = dir.join("pkg");
+        std::fs::create_dir_all(&pkg).unwrap();
+        // No GGUF asked for and none there: a note on how to make it, not an error.
+        let slash = PathBuf::from(format!("{}/", pkg.display()));
+        for p in [&pkg, &slash] {
+            match Peer::llama(None, p).unwrap() {
+                Err(note) => {
+                    assert!(
+                        note.contains(&dir.join("pkg-q4_0.gguf").display().to_string()),
+                        "{note}"
+                    );
+                    assert!(note.contains("scripts/setup-llama-peer.sh"), "{note}");
+                    assert!(note.contains("tools/onnx_to_gguf.py"), "{note}");
+                }
+                Ok(_) => panic!("no GGUF exists"),
+            }
+        }
+        // A GGUF asked for that is not there: an error saying how to make it.
+        let e = Peer::llama(Some(&dir.join("missing.gguf")), &pkg)
+            .err()
+            .expect("missing --llama-gguf is an error")
+            .to_string();
+        assert!(
+            e.contains("missing.gguf") && e.contains("scripts/setup-llama-peer.sh"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn run_peer_reads_the_peer_contract_and_reports_failures() {
+        let dir = std::env::temp_dir().join(format!("onebit-run-peer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = dir.join("ok.sh");
+        std::fs::write(
+            &ok,
+            r#"cat > /dev/null
+echo '{"version": "fake 1", "settings": {"threads": 2}, "results": [
+ {"prompt_tokens": 3, "prefill_s": [0.5, 0.25, 0.75], "decode_tok_per_s": [10, 30, 20], "tokens": [7, 8]},
+ {"prompt_tokens": 5, "prefill_s": [1.0], "decode_tok_per_s": [5]}]}'
+"#,
+        )
+        .unwrap();
+        let peer = |script: &Path| Peer {
+            key: "fake",
+            label: "fake",
+            short: "fake",
+            python: PathBuf::from("/bin/sh"),
+            script: script.to_path_buf(),
+            model: dir.clone(),
+            setup: "nothing",
+        };
+        let prompts = vec![vec![1, 2, 3], vec![1, 2, 3, 4, 5]];
+        let r = run_peer(&peer(&ok), &prompts, 2, 3, None).unwrap();
+        assert_eq!(r.version, "fake 1");
+        assert_eq!(r.settings["threads"], 2);
+        assert_eq!(r.per_prompt.len(), 2);
+        assert_eq!(r.per_prompt[0].prefill_ms.median, 500.0);
+        assert_eq!(r.per_prompt[0].decode_tok_per_s.median, 20.0);
+        assert_eq!(r.per_prompt[0].tokens, vec![7, 8]);
+        assert!(r.per_prompt[1].tokens.is_empty());
+        // one prompt short: refused
+        let three = vec![vec![1], vec![2], vec![3]];
+        let e = run_peer(&peer(&ok), &three, 2, 3, None).err().unwrap();
+        assert!(e.to_string().contains("answered 2 of 3"), "{e}");
+        // a failing script: its exit status and the setup hint
+        let bad = dir.join("bad.sh");
+        std::fs::write(&bad, "cat > /dev/null; echo boom >&2; exit 3\n").unwrap();
+        let e = run_peer(&peer(&bad), &prompts, 2, 3, None).err().unwrap();
+        assert!(
+            e.to_string().contains("fake peer failed") && e.to_string().contains("nothing"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
