@@ -890,24 +890,7 @@ fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
 
 /// The worker `npu probe` starts: the package's session set up exactly as --device npu does.
 fn probe_config(model: &ModelArgs) -> Result<onebit_tts::engine::WorkerConfig> {
-    use onebit_tts::engine::{Device, OrtOptions, WorkerConfig};
-    let cfg = synth_config(model);
-    let pkg = onebit_tts::package::BackbonePackage::load(&cfg.package_dir)?;
-    let declared = pkg.genai.model.decoder.session_options.declares_ryzenai();
-    let mut wcfg = WorkerConfig::from_process(
-        cfg.package_dir.clone(),
-        cfg.ort_lib.clone(),
-        OrtOptions {
-            device: Device::Npu,
-            ..cfg.ort.clone()
-        },
-        declared,
-        None,
-    )?;
-    wcfg.ep_library = cfg.ep_library.clone();
-    wcfg.timeouts = cfg.worker_timeouts;
-    wcfg.oga = cfg.oga_options();
-    Ok(wcfg)
+    Ok(onebit_tts::synth::load::probe_config(&synth_config(model))?)
 }
 
 /// `doctor [--model PKG]`: with a package, `npu probe` runs first so that the residency line
@@ -1290,30 +1273,10 @@ fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
     Ok(())
 }
 
-/// An error already reported on stdout (doctor's FAIL lines): exit 1 without an extra line.
 /// Prints the decoder's lm_head as the graph has it and checks it against onebit_logits.json.
 fn check_head(pkg: &ModelPackage) -> Result<()> {
-    let logits = &pkg.genai.model.decoder.outputs.logits;
-    match optimize::inspect(&pkg.decoder_path, logits) {
-        Ok(head) => {
-            println!("lm_head      {}", head.describe());
-            let want = pkg.logits.width(pkg.genai.model.vocab_size);
-            if head.n != want || head.last_position != pkg.logits.last_position_only {
-                bail!(
-                    "{}: the graph's lm_head ({}) does not match the package's logits ({})",
-                    pkg.decoder_path.display(),
-                    head.describe(),
-                    pkg.logits.describe(pkg.genai.model.vocab_size)
-                );
-            }
-            Ok(())
-        }
-        Err(e) if !pkg.logits.is_optimized() => {
-            println!("lm_head      not optimizable: {e}");
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
-    }
+    println!("lm_head      {}", optimize::check_head(pkg)?);
+    Ok(())
 }
 
 /// Ends the process with this status, having said what it had to say already.
@@ -1326,6 +1289,7 @@ impl std::fmt::Display for ExitWith {
 }
 impl std::error::Error for ExitWith {}
 
+/// An error already reported on stdout (doctor's FAIL lines): exit 1 without an extra line.
 #[derive(Debug)]
 struct Silent;
 impl std::fmt::Display for Silent {

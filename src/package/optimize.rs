@@ -157,6 +157,31 @@ fn read_model(path: &Path) -> Result<ModelProto, OptimizeError> {
     })
 }
 
+/// What `models check` says of a package's lm_head: the head as the graph has it, checked
+/// against the package's logits manifest; `Err` when they disagree. A head this module cannot
+/// read is only a note for a package that was never optimized (nothing depends on it then).
+pub fn check_head(pkg: &super::ModelPackage) -> Result<String, OptimizeError> {
+    let logits = &pkg.genai.model.decoder.outputs.logits;
+    match inspect(&pkg.decoder_path, logits) {
+        Ok(head) => {
+            let want = pkg.logits.width(pkg.genai.model.vocab_size);
+            if head.n != want || head.last_position != pkg.logits.last_position_only {
+                return Err(OptimizeError::Graph {
+                    path: pkg.decoder_path.clone(),
+                    msg: format!(
+                        "the graph's lm_head ({}) does not match the package's logits ({})",
+                        head.describe(),
+                        pkg.logits.describe(pkg.genai.model.vocab_size)
+                    ),
+                });
+            }
+            Ok(head.describe())
+        }
+        Err(e) if !pkg.logits.is_optimized() => Ok(format!("not optimizable: {e}")),
+        Err(e) => Err(e),
+    }
+}
+
 /// Finds the lm_head of `decoder` (the `MatMulNBits` node whose output becomes `logits`).
 pub fn inspect(decoder: &Path, logits: &str) -> Result<HeadInfo, OptimizeError> {
     let model = read_model(decoder)?;

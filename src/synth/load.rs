@@ -107,31 +107,21 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
             pkg.dir.display()
         );
     }
-    let ort = OrtOptions {
-        device: decision.device,
-        ..cfg.ort.clone()
-    };
     let oga = cfg.oga_options();
     if decision.device == Device::Npu || cfg.isolate {
-        let mut wcfg = WorkerConfig::from_process(
-            pkg.dir.clone(),
-            cfg.ort_lib.clone(),
-            ort,
-            declared,
-            cfg.worker_exe.clone(),
-        )?;
-        wcfg.stop.allow_kill = cfg.allow_kill;
-        wcfg.timeouts = cfg.worker_timeouts;
+        let mut wcfg = worker_config(cfg, &pkg.dir, decision.device, declared)?;
         wcfg.gate = (decision.device == Device::Npu).then_some(ResidencyGate {
             require_npu: cfg.require_npu,
             allow_cpu_fallback: cfg.allow_cpu_fallback,
         });
-        wcfg.ep_library = cfg.ep_library.clone();
-        wcfg.oga = oga;
         let mut worker = WorkerEngine::new(wcfg);
         worker.start()?;
         return Ok(Box::new(worker));
     }
+    let ort = OrtOptions {
+        device: decision.device,
+        ..cfg.ort.clone()
+    };
     match oga {
         None => {
             let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
@@ -143,6 +133,41 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
             Ok(Box::new(LocalEngine(Box::new(backbone))))
         }
     }
+}
+
+/// The worker a config starts for a backbone on `device`: the production settings
+/// ([`WorkerConfig::from_process`]) with the config's provider library, timeouts, kill
+/// permission and generation loop; no residency gate.
+pub fn worker_config(
+    cfg: &SynthConfig,
+    package_dir: &Path,
+    device: Device,
+    provider_declared: bool,
+) -> Result<WorkerConfig, EngineError> {
+    let ort = OrtOptions {
+        device,
+        ..cfg.ort.clone()
+    };
+    let mut w = WorkerConfig::from_process(
+        package_dir.to_path_buf(),
+        cfg.ort_lib.clone(),
+        ort,
+        provider_declared,
+        cfg.worker_exe.clone(),
+    )?;
+    w.stop.allow_kill = cfg.allow_kill;
+    w.timeouts = cfg.worker_timeouts;
+    w.ep_library = cfg.ep_library.clone();
+    w.oga = cfg.oga_options();
+    Ok(w)
+}
+
+/// The NPU worker `npu probe` and `doctor --model` start for a config's package (read only as
+/// far as its backbone config, so a package without a codec can still be probed).
+pub fn probe_config(cfg: &SynthConfig) -> Result<WorkerConfig, crate::Error> {
+    let pkg = crate::package::BackbonePackage::load(&cfg.package_dir)?;
+    let declared = pkg.genai.model.decoder.session_options.declares_ryzenai();
+    Ok(worker_config(cfg, &cfg.package_dir, Device::Npu, declared)?)
 }
 
 /// Loads the NeuCodec decoder with the threads a config gives it, on this process's ONNX Runtime.
