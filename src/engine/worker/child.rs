@@ -234,11 +234,11 @@ fn load_backbone(load: &Load) -> Result<(Box<dyn Backbone>, Loaded), EngineError
     let npu = load.ort.device == Device::Npu;
     // The RyzenAI provider only works with the ONNX Runtime it was built against: on the NPU
     // route with a venv, that one or none.
-    let root = std::env::var_os(crate::npu::env::RYZENAI_ROOT_VAR).filter(|v| !v.is_empty());
+    let root = crate::native::env_path(crate::native::RYZENAI_ROOT_VAR);
     // onnxruntime-genai runs on the ONNX Runtime loaded here (one per process).
     let env = match (&load.ort_lib, npu, root) {
         (None, true, Some(root)) => {
-            let (path, version) = crate::runtime::paired_with_venv(std::path::Path::new(&root))
+            let (path, version) = crate::runtime::paired_with_venv(&root)
                 .map_err(|e| EngineError::Device(e.to_string()))?;
             tracing::info!(
                 "NPU route: the venv's ONNX Runtime {version} ({}), the one its provider pairs with",

@@ -30,15 +30,7 @@ fn write(p: &Path, text: &str) {
 impl Fake {
     /// A system on which every check passes.
     fn healthy(tag: &str) -> Fake {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let root = std::env::temp_dir().join(format!(
-            "npu-doctor-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&root);
-        fs::create_dir_all(&root).expect("root");
+        let root = crate::testutil::tempdir(&format!("npu-doctor-{tag}"));
         let m = fs::metadata(&root).expect("meta");
         let f = Fake {
             root,
