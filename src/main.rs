@@ -452,12 +452,7 @@ fn voices_add(a: AddArgs) -> Result<()> {
     }
 
     let env = onebit_tts::runtime::environment(a.ort_lib.as_deref())?;
-    let threads = onebit_tts::engine::ThreadPlan::new(
-        a.thread_policy,
-        &onebit_tts::engine::CpuTopology::detect(),
-        a.threads,
-        None,
-    );
+    let threads = onebit_tts::runtime::ThreadPlan::for_process(a.thread_policy, a.threads, None);
     let mut enc = CodecEncoder::load(env, &encoder, &threads)?;
     let codes = enc.encode(&audio.samples)?;
     println!(

@@ -572,9 +572,8 @@ impl Synthesizer {
         let front = FrontEnd::load(cfg)?;
         let engine = load_engine(cfg, front.package())?;
         let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
-        let threads = crate::engine::ThreadPlan::new(
+        let threads = crate::runtime::ThreadPlan::for_process(
             cfg.ort.threads,
-            &crate::engine::CpuTopology::detect(),
             cfg.codec_threads,
             cfg.ort.spin,
         );

@@ -38,7 +38,7 @@ impl CodecEncoder {
     pub fn load(
         env: &ort::environment::Environment,
         path: &Path,
-        threads: &crate::engine::ThreadPlan,
+        threads: &crate::runtime::ThreadPlan,
     ) -> Result<Self, CodecError> {
         let shown = path.display().to_string();
         let contract = |msg: String| CodecError::Contract {

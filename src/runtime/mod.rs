@@ -1,10 +1,19 @@
-//! Finding and loading the ONNX Runtime shared library (`ort` with `load-dynamic`).
+//! ONNX Runtime as this crate uses it, shared by the backbone ([`crate::engine`]) and the codec
+//! ([`crate::codec`]), which both depend on this module and never on each other:
 //!
-//! Nothing is downloaded at build time, so the library must be found at run time, through the
-//! crate's one native-library search ([`crate::native`]). The order is the one users expect: an
-//! explicit flag beats `ORT_DYLIB_PATH`, which beats the RyzenAI venv, which beats the
-//! project-local install, which beats whatever `python3` has. When none works the error names
-//! every place tried and the one command that fixes it.
+//! - this file: finding and loading the ONNX Runtime shared library (`ort` with `load-dynamic`),
+//!   once per process, through the crate's one native-library search ([`crate::native`]): an
+//!   explicit flag beats `ORT_DYLIB_PATH`, which beats the RyzenAI venv, which beats the
+//!   project-local install, which beats whatever `python3` has; when none works the error names
+//!   every place tried and the one command that fixes it. Also the version rules (which ONNX
+//!   Runtime this build can drive, and the venv's runtime the NPU route must pair with).
+//! - [`threads`]: how a session's intra-op pool is sized, pinned and made to wait.
+//! - [`session`]: the one place settings become session options.
+
+pub mod session;
+pub mod threads;
+
+pub use threads::{CpuTopology, ThreadPlan, ThreadPolicy};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
