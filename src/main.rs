@@ -459,7 +459,7 @@ fn voices_add(a: AddArgs) -> Result<()> {
         "encoder:  {} -> {} codes ({:.2} s at 50 codes/s)",
         encoder.display(),
         codes.len(),
-        codes.len() as f32 / 50.0
+        codes.len() as f64 / onebit_tts::package::CODES_PER_SECOND
     );
     if codes.is_empty() {
         bail!(
@@ -721,7 +721,7 @@ fn say(
                     let rate = n as f64 / started.elapsed().as_secs_f64().max(1e-9);
                     bar.set_message(format!(
                         "{rate:.1} codes/s ({:.2}x the 50/s line)",
-                        rate / 50.0
+                        metrics::times_real_time(rate)
                     ));
                 }
             }
@@ -762,7 +762,7 @@ fn say(
         report.codes.len(),
         report.stop.finish_reason(),
         cps,
-        cps / 50.0,
+        metrics::times_real_time(cps),
         synth.device_label(),
         metrics::rtf(report.timings.total, secs),
         report.seed,

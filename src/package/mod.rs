@@ -21,6 +21,9 @@ use crate::prompt::InputFormat;
 /// NeuCodec's fixed rates: 24 kHz audio, 480 samples per code (50 codes per second).
 pub const CODEC_SAMPLE_RATE: u32 = 24_000;
 pub const CODEC_HOP: usize = 480;
+/// Speech codes per second of audio (50): also the real-time line, the decode rate a synthesis
+/// must reach to keep up with playback, which `say`, `bench` and the plots measure against.
+pub const CODES_PER_SECOND: f64 = CODEC_SAMPLE_RATE as f64 / CODEC_HOP as f64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PackageError {
