@@ -28,7 +28,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::npu::{SystemRoots, holds_accel};
+use super::accel::holds_accel;
+use super::roots::SystemRoots;
 
 /// Seconds a worker gets between SIGTERM and escalation.
 pub const STOP_GRACE_VAR: &str = "ONEBIT_BACKEND_STOP_GRACE_S";
