@@ -123,7 +123,7 @@ fn main() {
     }
 
     // The streaming chunker's own cost (overlap-add, bookkeeping) with a free decoder.
-    let codes: Vec<i32> = (0..(secs * 50.0) as i32).collect();
+    let codes: Vec<i32> = (0..(secs * onebit_tts::package::CODES_PER_SECOND) as i32).collect();
     let reference: Vec<i32> = (0..372).collect();
     let d = time(|| {
         let decode = |c: &[i32]| -> Result<Vec<f32>, Infallible> {

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod codec;
 pub mod engine;
 pub mod metrics;
+pub mod native;
 pub mod npu;
 pub mod package;
 pub mod paths;
@@ -17,6 +18,8 @@ pub mod prompt;
 pub mod runtime;
 pub mod server;
 pub mod synth;
+#[cfg(test)]
+pub(crate) mod testutil;
 pub mod text;
 pub mod voice;
 

@@ -454,12 +454,7 @@ fn voices_add(a: AddArgs) -> Result<()> {
     );
 
     let env = onebit_tts::runtime::environment(a.ort_lib.as_deref())?;
-    let threads = onebit_tts::engine::ThreadPlan::new(
-        a.thread_policy,
-        &onebit_tts::engine::CpuTopology::detect(),
-        a.threads,
-        None,
-    );
+    let threads = onebit_tts::runtime::ThreadPlan::for_process(a.thread_policy, a.threads, None);
     let mut enc = CodecEncoder::load(env, &encoder, &threads)?;
     // An explicit model also bounds the reference by its context.
     let budget = match a.model.as_deref().map(resolve_dir) {
@@ -713,7 +708,7 @@ fn say(
                     let rate = n as f64 / started.elapsed().as_secs_f64().max(1e-9);
                     bar.set_message(format!(
                         "{rate:.1} codes/s ({:.2}x the 50/s line)",
-                        rate / 50.0
+                        metrics::times_real_time(rate)
                     ));
                 }
             }

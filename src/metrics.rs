@@ -1,8 +1,11 @@
-//! One timing type for every stage, so `say`, `bench`, `/metrics` and the logs agree.
+//! One timing type for every stage, so `say`, `bench`, `/metrics` and the logs agree, and the one
+//! way to read a decode rate against the real-time line ([`CODES_PER_SECOND`]).
 
 use std::time::Duration;
 
 use serde::Serialize;
+
+use crate::package::CODES_PER_SECOND;
 
 /// Time spent per stage of one synthesis.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -30,10 +33,15 @@ impl StageTimings {
     }
 }
 
-/// Codes per second of decode time (the real-time line is 50).
+/// Codes per second of decode time (the real-time line is [`CODES_PER_SECOND`]).
 pub fn codes_per_second(codes: usize, decode: Duration) -> f64 {
     let s = decode.as_secs_f64();
     if s > 0.0 { codes as f64 / s } else { 0.0 }
+}
+
+/// How many times the real-time line a decode rate is (above 1 keeps up with playback).
+pub fn times_real_time(codes_per_s: f64) -> f64 {
+    codes_per_s / CODES_PER_SECOND
 }
 
 /// Real-time factor: wall time over audio time (below 1 is faster than real time).
@@ -83,7 +91,7 @@ impl RunNumbers {
             prompt_tokens,
             audio_s,
             codes_per_s: cps,
-            x_real_time: cps / 50.0,
+            x_real_time: times_real_time(cps),
             rtf: rtf(t.total, audio_s),
             prefill_tok_per_s: prompt_tokens as f64 / t.prefill.as_secs_f64().max(1e-9),
             first_audio_ms: t.first_audio.map(ms),

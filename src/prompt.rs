@@ -4,42 +4,12 @@
 //! This stage takes text that the front end already prepared (phonemes for the "phonemes" format,
 //! normalised text for "BPE"); it only tokenizes and splices.
 
-use std::fmt;
-use std::str::FromStr;
-
 use tokenizers::Tokenizer;
 
+// The input format is the package's property (genai_config.json or its manifest says it);
+// prompts are built for it.
+pub use crate::package::InputFormat;
 use crate::package::SpeechVocab;
-
-/// How a model wants its text: NeuTTS-air reads phonemes, newer NeuTTS models read BPE text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum InputFormat {
-    #[default]
-    Phonemes,
-    Bpe,
-}
-
-impl FromStr for InputFormat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "phonemes" => Ok(Self::Phonemes),
-            "bpe" => Ok(Self::Bpe),
-            _ => Err(format!(
-                "unknown input format {s:?} (supported: phonemes, bpe)"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for InputFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Phonemes => "phonemes",
-            Self::Bpe => "bpe",
-        })
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PromptError {

@@ -12,7 +12,7 @@ use symphonia::core::formats::{FormatOptions, TrackType};
 use symphonia::core::io::{MediaSource, MediaSourceStream};
 use symphonia::core::meta::MetadataOptions;
 
-use super::error::AudioError;
+use super::AudioError;
 use super::resample::StreamResampler;
 
 /// The NeuCodec encoder's input rate.

@@ -1,7 +1,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::error::AudioError;
+use super::AudioError;
 
 /// Output formats, named as in OpenAI's `response_format`.
 ///

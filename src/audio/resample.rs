@@ -9,7 +9,7 @@ use rubato::{
     Async, Fft, FixedAsync, FixedSync, Resampler, SincInterpolationParameters, WindowFunction,
 };
 
-use super::error::AudioError;
+use super::AudioError;
 
 /// Lowest output rate offered to clients.
 pub const MIN_OUTPUT_RATE: u32 = 8_000;

@@ -6,7 +6,7 @@
 //! joins waveforms in phase and the pitch is kept. Written here rather than taken from a crate:
 //! the Rust WSOLA crates are single-release or tuned for music, and this is ~250 lines.
 
-use super::error::AudioError;
+use super::AudioError;
 use super::resample::check_input_rate;
 
 pub const MIN_SPEED: f32 = 0.25;

@@ -244,7 +244,7 @@ pub fn run(
                     prompt_tokens: report.prompt_tokens,
                     audio_s: report.audio_seconds(),
                     codes_per_s: cps,
-                    x_real_time: cps / 50.0,
+                    x_real_time: metrics::times_real_time(cps),
                     rtf: metrics::rtf(t.total, report.audio_seconds()),
                     prefill_tok_per_s: report.prompt_tokens as f64
                         / t.prefill.as_secs_f64().max(1e-9),

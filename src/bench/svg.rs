@@ -2,6 +2,7 @@
 //! shares. Plain SVG written by hand: two charts do not need a plotting crate.
 
 use super::Report;
+use crate::package::CODES_PER_SECOND;
 
 const W: f64 = 900.0;
 const H1: f64 = 320.0;
@@ -61,10 +62,10 @@ pub fn render(report: &Report) -> String {
     ));
     s.push_str(&format!(
         "<line x1=\"{PAD}\" y1=\"{0:.1}\" x2=\"{1}\" y2=\"{0:.1}\" stroke=\"#d62728\" stroke-dasharray=\"6,4\"/><text x=\"{2}\" y=\"{3:.1}\" fill=\"#d62728\">real time: 50 codes/s</text>\n",
-        y(50.0),
+        y(CODES_PER_SECOND),
         W - PAD,
         W - PAD - 150.0,
-        y(50.0) - 6.0
+        y(CODES_PER_SECOND) - 6.0
     ));
     // Stage shares per case.
     let top = H1 + 20.0;

@@ -11,12 +11,14 @@ use ort::session::Session;
 use ort::value::{Tensor, TensorElementType};
 
 use super::CodecError;
-use crate::package::SPEECH_CODES;
+use crate::package::{CODEC_HOP, CODEC_SAMPLE_RATE, SPEECH_CODES};
 
 /// The encoder's input rate.
 pub const ENCODER_SAMPLE_RATE: u32 = 16_000;
-/// Input samples per code (16 kHz / 50 codes per second).
-pub const ENCODER_HOP: usize = 320;
+/// Input samples per code (16 kHz / 50 codes per second): the encoder makes codes at the
+/// decoder's rate.
+pub const ENCODER_HOP: usize =
+    ENCODER_SAMPLE_RATE as usize * CODEC_HOP / CODEC_SAMPLE_RATE as usize;
 
 /// What the user must bring when no encoder is configured.
 pub const ENCODER_NEEDED: &str = "cloning a voice from audio needs a NeuCodec encoder ONNX: one \
@@ -38,7 +40,7 @@ impl CodecEncoder {
     pub fn load(
         env: &ort::environment::Environment,
         path: &Path,
-        threads: &crate::engine::ThreadPlan,
+        threads: &crate::runtime::ThreadPlan,
     ) -> Result<Self, CodecError> {
         let shown = path.display().to_string();
         let contract = |msg: String| CodecError::Contract {

@@ -1,7 +1,9 @@
 //! NeuCodec decoding: speech codes -> 24 kHz mono samples through the decoder ONNX; [`encoder`]
 //! goes the other way (16 kHz audio -> codes) for cloning voices.
 //!
-//! The decoder session is loaded once and reused for every request. Its contract is checked at load
+//! Sessions are set up by [`crate::runtime::session`] with the caller's [`ThreadPlan`], the same
+//! way as the backbone's; the codec never depends on the engine. The decoder session is loaded
+//! once and reused for every request. Its contract is checked at load
 //! with a one-frame probe, so a wrong model fails at startup rather than on the first request.
 
 pub mod encoder;
@@ -11,6 +13,7 @@ use ort::session::Session;
 use ort::value::{Tensor, TensorElementType, ValueType};
 
 use crate::package::CodecPackage;
+use crate::runtime::{ThreadPlan, session};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -26,6 +29,12 @@ pub enum CodecError {
 
 impl From<ort::Error<ort::session::builder::SessionBuilder>> for CodecError {
     fn from(e: ort::Error<ort::session::builder::SessionBuilder>) -> Self {
+        CodecError::Runtime(e.to_string())
+    }
+}
+
+impl From<crate::runtime::session::SessionError> for CodecError {
+    fn from(e: crate::runtime::session::SessionError) -> Self {
         CodecError::Runtime(e.to_string())
     }
 }
@@ -49,7 +58,7 @@ pub(crate) struct SingleIo {
 pub(crate) fn open_single_io(
     env: &ort::environment::Environment,
     path: &std::path::Path,
-    threads: &crate::engine::ThreadPlan,
+    threads: &ThreadPlan,
     input: (&[TensorElementType], &str),
     output: (&[TensorElementType], &str),
 ) -> Result<SingleIo, CodecError> {
@@ -57,8 +66,7 @@ pub(crate) fn open_single_io(
         path: path.display().to_string(),
         msg,
     };
-    let session = threads
-        .apply(Session::builder(env)?)?
+    let session = session::builder(env, threads)?
         .commit_from_file(path)
         .map_err(|e| contract(format!("cannot load: {e}")))?;
     let ([i], [o]) = (session.inputs(), session.outputs()) else {
@@ -105,7 +113,7 @@ impl CodecDecoder {
     pub fn load(
         env: &ort::environment::Environment,
         pkg: &CodecPackage,
-        threads: &crate::engine::ThreadPlan,
+        threads: &ThreadPlan,
     ) -> Result<Self, CodecError> {
         let path = pkg.decoder.display().to_string();
         let contract = |msg: String| CodecError::Contract {

@@ -10,7 +10,6 @@ pub mod oga;
 pub mod ort_engine;
 pub mod ryzenai;
 pub mod sampler;
-pub mod threads;
 pub mod worker;
 
 use std::ops::ControlFlow;
@@ -23,7 +22,8 @@ pub use oga::{OgaBackbone, OgaLoadError, OgaOptions, OgaStep};
 pub use ort_engine::{KvMode, OrtBackbone, OrtOptions};
 pub use ryzenai::{CustomOpsRoute, ProviderSetup};
 pub use sampler::{Candidates, LogitsLayout, SampleError, Sampler, SamplingParams};
-pub use threads::{CpuTopology, ThreadPlan, ThreadPolicy};
+// The thread plan is the runtime's (the codec shares it); the engine's options carry it.
+pub use crate::runtime::{CpuTopology, ThreadPlan, ThreadPolicy};
 pub use worker::{
     ResidencyGate, WorkerConfig, WorkerEngine, WorkerHandle, WorkerState, WorkerTimeouts,
 };
@@ -92,6 +92,16 @@ pub enum EngineError {
 impl From<ort::Error<ort::session::builder::SessionBuilder>> for EngineError {
     fn from(e: ort::Error<ort::session::builder::SessionBuilder>) -> Self {
         EngineError::Runtime(e.to_string())
+    }
+}
+
+impl From<crate::runtime::session::SessionError> for EngineError {
+    fn from(e: crate::runtime::session::SessionError) -> Self {
+        use crate::runtime::session::SessionError;
+        match e {
+            SessionError::Ort(message) => EngineError::Runtime(message),
+            SessionError::CustomOps { .. } => EngineError::Graph(e.to_string()),
+        }
     }
 }
 

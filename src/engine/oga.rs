@@ -19,6 +19,10 @@
 //! `reset` rewinds the generator to 0 (`OgaGenerator_RewindTo`), or drops it when the model type
 //! cannot rewind; a new generator is created on the next append.
 //!
+//! The library itself is found by the crate's one native-library search ([`crate::native`]):
+//! `--oga-lib` or `$ONEBIT_OGA_LIB` alone when given, else the RyzenAI venv, `.onebit/oga/lib`,
+//! python3's `onnxruntime_genai` package.
+//!
 //! OGA itself loads ONNX Runtime with `dlopen` (`$ORT_LIB_PATH`, `libonnxruntime.so`, the same
 //! name beside libonnxruntime-genai.so, then `libonnxruntime.so.1`). The engine loads ONNX Runtime
 //! through [`crate::runtime`] first, so that the last name resolves to the library already in the
@@ -27,15 +31,14 @@
 
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use super::{Backbone, EngineError, KvMode};
+use crate::native;
 use crate::package::logits::LOGITS_MANIFEST;
 use crate::package::{BackbonePackage, ModelPackage};
-use crate::paths;
 
 /// Environment variable naming libonnxruntime-genai.so (the CLI's `--oga-lib`).
 pub const OGA_LIB_VAR: &str = "ONEBIT_OGA_LIB";
@@ -50,11 +53,8 @@ const OGA_FLOAT32: i32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OgaLoadError {
-    #[error(
-        "could not find onnxruntime-genai ({OGA_LIB_FILE}); tried:\n{}\nfix: run `scripts/setup.sh` (copies it into .onebit/oga/lib), or pass --oga-lib PATH / set {OGA_LIB_VAR}",
-        .tried.iter().map(|t| format!("  - {t}")).collect::<Vec<_>>().join("\n")
-    )]
-    NotFound { tried: Vec<String> },
+    #[error(transparent)]
+    NotFound(#[from] native::NotFound),
     #[error("{}: cannot load it as a shared library: {reason}", .path.display())]
     Load { path: PathBuf, reason: String },
     #[error("{}: not an onnxruntime-genai library (it has no {symbol}); pass the path of {OGA_LIB_FILE} to --oga-lib", .path.display())]
@@ -78,6 +78,22 @@ pub enum OgaLoadError {
         .loaded.display(), .requested.display()
     )]
     AlreadyLoaded { loaded: PathBuf, requested: PathBuf },
+}
+
+impl OgaLoadError {
+    /// Why a place was refused, without the path (the search names it).
+    fn why(&self) -> String {
+        let full = self.to_string();
+        let path = match self {
+            OgaLoadError::Load { path, .. }
+            | OgaLoadError::NotOga { path, .. }
+            | OgaLoadError::MissingSymbol { path, .. }
+            | OgaLoadError::TooOld { path, .. } => path,
+            OgaLoadError::NotFound(_) | OgaLoadError::AlreadyLoaded { .. } => return full,
+        };
+        full.strip_prefix(&format!("{}: ", path.display()))
+            .map_or_else(|| full.clone(), str::to_owned)
+    }
 }
 
 // Opaque OGA handles.
@@ -373,18 +389,11 @@ fn open(path: &Path, source: &'static str) -> Result<OgaLibrary, OgaLoadError> {
 
 fn python_oga() -> Result<PathBuf, String> {
     // find_spec locates the package without importing it (importing loads onnxruntime).
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import importlib.util as u; s = u.find_spec('onnxruntime_genai'); print(list(s.submodule_search_locations)[0] if s else '')",
-        ])
-        .output()
-        .map_err(|e| format!("python3 not runnable: {e}"))?;
-    let dir = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    if !out.status.success() || dir.is_empty() {
-        return Err("python3 has no onnxruntime_genai package".into());
-    }
-    Ok(Path::new(&dir).join(OGA_LIB_FILE))
+    let dir = native::python_dir(
+        "import importlib.util as u; s = u.find_spec('onnxruntime_genai'); print(list(s.submodule_search_locations)[0] if s else '')",
+        "python3 has no onnxruntime_genai package",
+    )?;
+    Ok(dir.join(OGA_LIB_FILE))
 }
 
 static LOADED: OnceLock<OgaLibrary> = OnceLock::new();
@@ -404,9 +413,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 pub fn library(explicit: Option<&Path>) -> Result<&'static OgaLibrary, OgaLoadError> {
     let explicit: Option<(&'static str, PathBuf)> = match explicit {
         Some(p) => Some(("--oga-lib", p.to_path_buf())),
-        None => std::env::var_os(OGA_LIB_VAR)
-            .filter(|v| !v.is_empty())
-            .map(|v| (OGA_LIB_VAR, PathBuf::from(v))),
+        None => native::env_path(OGA_LIB_VAR).map(|p| (OGA_LIB_VAR, p)),
     };
     let reuse = |l: &'static OgaLibrary| match &explicit {
         Some((_, p)) if !same_file(p, &l.path) => {
@@ -444,39 +451,15 @@ pub fn library(explicit: Option<&Path>) -> Result<&'static OgaLibrary, OgaLoadEr
     let loaded = if let Some((source, path)) = &explicit {
         open(path, source)?
     } else {
-        let mut candidates: Vec<(&'static str, PathBuf)> = Vec::new();
-        if let Some(root) =
-            std::env::var_os(crate::npu::env::RYZENAI_ROOT_VAR).filter(|v| !v.is_empty())
-        {
-            candidates.push((
-                "ONEBIT_RYZENAI_ROOT",
-                Path::new(&root).join("deployment/lib").join(OGA_LIB_FILE),
-            ));
-        }
-        for p in paths::in_homes(&format!("oga/lib/{OGA_LIB_FILE}")) {
-            candidates.push(("project-local (.onebit)", p));
-        }
-        let mut tried = Vec::new();
-        let mut found = None;
-        for (source, path) in candidates {
-            match open(&path, source) {
-                Ok(l) => {
-                    found = Some(l);
-                    break;
-                }
-                Err(e) => tried.push(format!("{source}: {e}")),
-            }
-        }
-        if found.is_none() {
-            match python_oga() {
-                Ok(path) => match open(&path, "python3 onnxruntime_genai") {
-                    Ok(l) => found = Some(l),
-                    Err(e) => tried.push(format!("python3 onnxruntime_genai: {e}")),
-                },
-                Err(e) => tried.push(format!("python3 onnxruntime_genai: {e}")),
-            }
-        }
-        found.ok_or(OgaLoadError::NotFound { tried })?
+        native::Search::new(
+            "onnxruntime-genai (libonnxruntime-genai.so)",
+            "run `scripts/setup.sh` (copies it into .onebit/oga/lib), or pass --oga-lib PATH / set ONEBIT_OGA_LIB",
+        )
+        .ryzenai_venv(OGA_LIB_FILE)
+        .project_local(&format!("oga/lib/{OGA_LIB_FILE}"))
+        .python("python3 onnxruntime_genai", python_oga)
+        .first(|place| open(&place.path, place.source).map_err(|e| e.why()))?
+        .lib
     };
     if loaded.version.is_none() {
         tracing::warn!(

@@ -16,9 +16,7 @@
 use std::path::Path;
 
 use ort::AsPointer as _;
-use ort::logging::LogLevel;
 use ort::memory::Allocator;
-use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{
     DynTensor, DynValue, PrimitiveTensorElementType, Tensor, TensorElementType, ValueType,
@@ -26,11 +24,12 @@ use ort::value::{
 
 use super::device::{self, Device};
 use super::ryzenai::ProviderSetup;
-use super::threads::{CpuTopology, ThreadPlan, ThreadPolicy};
 use super::{Backbone, EngineError, LogitsLayout};
 use crate::npu::residency::Placement;
 use crate::package::genai::layer_name;
 use crate::package::{BackbonePackage, ModelPackage};
+use crate::runtime::session;
+use crate::runtime::{ThreadPlan, ThreadPolicy};
 
 /// Positions a shared KV buffer starts with: a long sentence's prompt and codes (a voice's
 /// reference is ~400 tokens, 20 s of speech 1,000 codes) without growing; 25 MB for the real
@@ -121,49 +120,6 @@ pub struct OrtBackbone {
 /// (`kOrtSessionOptionsRecordEpGraphAssignmentInfo`, ONNX Runtime 1.24+).
 pub const RECORD_PLACEMENT_KEY: &str = "session.record_ep_graph_assignment_info";
 
-/// genai_config.json's memory, log and profiling knobs, applied as onnxruntime-genai applies them.
-fn apply_session_knobs(
-    mut builder: SessionBuilder,
-    so: &crate::package::genai::SessionOptions,
-) -> Result<SessionBuilder, EngineError> {
-    if let Some(on) = so.enable_cpu_mem_arena {
-        // SAFETY: the builder's pointer is a live OrtSessionOptions; the status is owned and
-        // released by `result_from_status`.
-        unsafe {
-            let api = ort::api();
-            let status = if on {
-                (api.EnableCpuMemArena)(builder.ptr_mut())
-            } else {
-                (api.DisableCpuMemArena)(builder.ptr_mut())
-            };
-            ort::Error::result_from_status(status)?;
-        }
-    }
-    if let Some(on) = so.enable_mem_pattern {
-        builder = builder.with_memory_pattern(on)?;
-    }
-    if let Some(id) = &so.log_id {
-        builder = builder.with_log_id(id)?;
-    }
-    if let Some(level) = so.log_severity_level {
-        let level = match level {
-            i32::MIN..=0 => LogLevel::Verbose,
-            1 => LogLevel::Info,
-            2 => LogLevel::Warning,
-            3 => LogLevel::Error,
-            _ => LogLevel::Fatal,
-        };
-        builder = builder.with_log_level(level)?;
-    }
-    if let Some(v) = so.log_verbosity_level {
-        builder = builder.with_log_verbosity(v)?;
-    }
-    if let Some(prefix) = &so.enable_profiling {
-        builder = builder.with_profiling(prefix)?;
-    }
-    Ok(builder)
-}
-
 /// Reads ONNX Runtime's record of which provider got each node (needs
 /// [`RECORD_PLACEMENT_KEY`] set before the session was made).
 fn placement(session: &Session) -> Result<Placement, EngineError> {
@@ -206,15 +162,6 @@ fn placement(session: &Session) -> Result<Placement, EngineError> {
         }
     }
     Ok(Placement(placed))
-}
-
-fn level(name: Option<&str>) -> GraphOptimizationLevel {
-    match name.map(str::to_ascii_uppercase).as_deref() {
-        Some("ORT_DISABLE_ALL") => GraphOptimizationLevel::Disable,
-        Some("ORT_ENABLE_BASIC") => GraphOptimizationLevel::Level1,
-        Some("ORT_ENABLE_EXTENDED") => GraphOptimizationLevel::Level2,
-        _ => GraphOptimizationLevel::All,
-    }
 }
 
 /// The element type and shape an input or output declares (symbolic dimensions are -1).
@@ -331,33 +278,17 @@ impl OrtBackbone {
     ) -> Result<Self, EngineError> {
         let d = &pkg.genai.model.decoder;
         let so = &d.session_options;
-        let mut builder = Session::builder(env)?
-            .with_optimization_level(level(so.graph_optimization_level.as_deref()))?;
-        let plan = ThreadPlan::new(
+        let plan = ThreadPlan::for_process(
             opts.threads,
-            &CpuTopology::detect(),
             opts.intra_threads.or(so.intra_op_num_threads),
             opts.spin,
         );
-        builder = plan.apply(builder)?;
-        if let Some(n) = so.inter_op_num_threads {
-            builder = builder.with_inter_threads(n)?;
-        }
-        // As onnxruntime-genai does (Model::CreateSessionOptionsFromConfig): memory and log
-        // knobs, the config's session entries and custom-op library, then the providers.
-        builder = apply_session_knobs(builder, so)?;
-        for (k, v) in &so.all_config_entries() {
-            builder = builder.with_config_entry(k, v)?;
-        }
-        if let Some(lib) = &so.custom_ops_library {
-            let path = pkg.dir.join(lib);
-            builder = builder.with_operator_library(&path).map_err(|e| {
-                EngineError::Graph(format!("custom_ops_library {}: {e}", path.display()))
-            })?;
-        }
+        // The package's own session options first, then the providers (as onnxruntime-genai
+        // orders them).
+        let builder = session::apply_genai(session::builder(env, &plan)?, so, &pkg.dir)?;
         // Where ONNX Runtime puts each node is the first piece of residency evidence; it only
         // keeps that record when asked before the session is made.
-        builder = builder.with_config_entry(RECORD_PLACEMENT_KEY, "1")?;
+        let builder = builder.with_config_entry(RECORD_PLACEMENT_KEY, "1")?;
         let (mut builder, providers, setup) =
             device::attach(builder, env, opts.device, pkg, opts.npu_strict)?;
         let session = builder

@@ -14,6 +14,10 @@
 //!   venv's ONNX Runtime GenAI loads), then whatever was there before; no empty entries (an empty
 //!   entry means "the current directory" to ld.so), no duplicates (first one wins);
 //! - RYZENAI_EP_PATH = the provider library: beside the worker if there, else in the venv.
+//!
+//! [`provider_library`] is where a process with that environment registers the provider from,
+//! in onnxruntime-genai's order, through the crate's one native-library search
+//! ([`crate::native`]).
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -23,8 +27,9 @@ use std::process::Command;
 
 use super::{NpuError, PROVIDER_FILE};
 
-/// Knob naming the RyzenAI 1.8 venv; unset means the NPU route is off.
-pub const RYZENAI_ROOT_VAR: &str = "ONEBIT_RYZENAI_ROOT";
+/// Knob naming the RyzenAI 1.8 venv; unset means the NPU route is off. Owned by the native
+/// library search, which looks in the venv for every library.
+pub use crate::native::{RYZENAI_ROOT_VAR, venv_lib_dir};
 /// Knob naming the XRT tree (e.g. debs extracted with `dpkg-deb -x`); wins over $XILINX_XRT.
 pub const XRT_ROOT_VAR: &str = "ONEBIT_XRT_ROOT";
 pub const XILINX_XRT_VAR: &str = "XILINX_XRT";
@@ -69,9 +74,7 @@ impl EnvInputs {
 }
 
 fn path_var(name: &str) -> Option<PathBuf> {
-    std::env::var_os(name)
-        .filter(|v| !v.is_empty())
-        .map(|v| absolute(PathBuf::from(v)))
+    crate::native::env_path(name).map(absolute)
 }
 
 fn absolute(p: PathBuf) -> PathBuf {
@@ -107,11 +110,6 @@ pub fn xrt_root(knob: Option<&Path>, xilinx_xrt: Option<&Path>) -> (PathBuf, Xrt
         (None, Some(x)) => (x.to_path_buf(), XrtSource::XilinxXrt),
         (None, None) => (PathBuf::from(DEFAULT_XRT_ROOT), XrtSource::Default),
     }
-}
-
-/// `<venv>/deployment/lib`: the venv's ONNX Runtime (GenAI), the provider and the AIE libraries.
-pub fn venv_lib_dir(venv: &Path) -> PathBuf {
-    venv.join("deployment").join("lib")
 }
 
 /// The variables the worker gets on the NPU route.
@@ -337,26 +335,38 @@ pub struct ProviderLibrary {
 /// Genai skips all of this when a library of that name is already loaded in the process. Older
 /// genai builds used [`LEGACY_PROVIDER_FILE`] on Linux; step 2 accepts that name too.
 pub fn provider_library(search: &ProviderSearch) -> ProviderLibrary {
+    const EP_PATH: &str = RYZENAI_EP_PATH_VAR;
+    const BESIDE: &str = "beside a loaded library";
+    const CWD: &str = "the working directory";
+    let mut places = crate::native::Search::new(
+        "the RyzenAI provider library",
+        "set RYZENAI_EP_PATH to the provider library",
+    );
     if let Some(p) = search.ep_path_env.as_ref().filter(|p| !p.is_empty()) {
-        return ProviderLibrary {
-            path: PathBuf::from(p),
-            source: ProviderSource::EpPathEnv,
-        };
+        places = places.as_is(EP_PATH, p);
     }
     for dir in &search.loaded_library_dirs {
         for name in [PROVIDER_FILE, LEGACY_PROVIDER_FILE] {
-            let p = dir.join(name);
-            if p.exists() {
-                return ProviderLibrary {
-                    path: p,
-                    source: ProviderSource::BesideLoadedLibrary,
-                };
-            }
+            places = places.at(BESIDE, dir.join(name));
         }
     }
-    ProviderLibrary {
-        path: search.cwd.join(PROVIDER_FILE),
-        source: ProviderSource::WorkingDirectory,
+    let found = places
+        .as_is(CWD, search.cwd.join(PROVIDER_FILE))
+        .first(|place| Ok(place.source));
+    match found {
+        Ok(f) => ProviderLibrary {
+            source: match f.lib {
+                EP_PATH => ProviderSource::EpPathEnv,
+                BESIDE => ProviderSource::BesideLoadedLibrary,
+                _ => ProviderSource::WorkingDirectory,
+            },
+            path: f.place.path,
+        },
+        // The last place is taken as it is, so the search always ends there at the latest.
+        Err(_) => ProviderLibrary {
+            path: search.cwd.join(PROVIDER_FILE),
+            source: ProviderSource::WorkingDirectory,
+        },
     }
 }
 
@@ -368,16 +378,7 @@ mod tests {
     struct Tmp(PathBuf);
     impl Tmp {
         fn new(tag: &str) -> Tmp {
-            use std::sync::atomic::{AtomicU32, Ordering};
-            static N: AtomicU32 = AtomicU32::new(0);
-            let p = std::env::temp_dir().join(format!(
-                "npu-env-{tag}-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = fs::remove_dir_all(&p);
-            fs::create_dir_all(&p).expect("temp dir");
-            Tmp(p)
+            Tmp(crate::testutil::tempdir(&format!("npu-env-{tag}")))
         }
     }
     impl Drop for Tmp {

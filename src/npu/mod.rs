@@ -8,7 +8,10 @@
 //! - [`residency`]: the proof that the model really sits on the NPU (a passing run is not).
 //! - [`doctor`]: one PASS/WARN/FAIL line per known Linux NPU blocker, each failure with its fix.
 //! - [`accel`]: whether a process holds the NPU's accel node, the fact behind the worker
-//!   supervisor's "never SIGKILL an NPU holder" (`engine::worker::supervisor`).
+//!   supervisor's "never SIGKILL an NPU holder".
+//! - [`supervisor`]: the lifecycle of any worker child (the engine's, the doctor's `xrt-smi`):
+//!   one reap, SIGTERM, a grace, and a stop policy that never SIGKILLs an NPU holder. It lives
+//!   here because that rule is the NPU's; the engine's worker uses it for CPU workers too.
 //!
 //! The facts behind the rules are in `shared/reference/npu-route.md`; `docs/npu.md` is the user's
 //! side of the same story.
@@ -18,6 +21,7 @@ pub mod doctor;
 pub mod env;
 pub mod residency;
 pub mod roots;
+pub mod supervisor;
 
 use std::io;
 use std::path::PathBuf;
@@ -54,7 +58,7 @@ pub enum NpuError {
     #[error("running {program}: {reason}")]
     Command { program: String, reason: String },
     #[error(transparent)]
-    Signal(#[from] crate::engine::worker::supervisor::SignalError),
+    Signal(#[from] supervisor::SignalError),
 }
 
 impl NpuError {

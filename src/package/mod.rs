@@ -1,13 +1,17 @@
 //! A model package on disk: the backbone (genai_config.json + decoder ONNX + tokenizer.json) and
 //! the NeuCodec decoder package beside it. Loading validates everything a request would otherwise
-//! trip over later, and every error names the file and what was expected.
+//! trip over later, and every error names the file and what was expected. The package owns the
+//! facts of the model the other stages read: its input format, the speech vocabulary and the
+//! codec's rates (and with them the real-time line).
 
 pub mod genai;
 pub mod logits;
 pub mod optimize;
 pub mod vocab;
 
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 use serde::Deserialize;
 use tokenizers::Tokenizer;
@@ -16,11 +20,42 @@ pub use genai::GenaiConfig;
 pub use logits::{LOGITS_MANIFEST, LogitsManifest, SpeechHead};
 pub use vocab::{SPEECH_CODES, SpeechVocab, VocabError};
 
-use crate::prompt::InputFormat;
-
 /// NeuCodec's fixed rates: 24 kHz audio, 480 samples per code (50 codes per second).
 pub const CODEC_SAMPLE_RATE: u32 = 24_000;
 pub const CODEC_HOP: usize = 480;
+/// Speech codes per second of audio (50): also the real-time line, the decode rate a synthesis
+/// must reach to keep up with playback, which `say`, `bench` and the plots measure against.
+pub const CODES_PER_SECOND: f64 = CODEC_SAMPLE_RATE as f64 / CODEC_HOP as f64;
+
+/// How a model wants its text: NeuTTS-air reads phonemes, newer NeuTTS models read BPE text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InputFormat {
+    #[default]
+    Phonemes,
+    Bpe,
+}
+
+impl FromStr for InputFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "phonemes" => Ok(Self::Phonemes),
+            "bpe" => Ok(Self::Bpe),
+            _ => Err(format!(
+                "unknown input format {s:?} (supported: phonemes, bpe)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for InputFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Phonemes => "phonemes",
+            Self::Bpe => "bpe",
+        })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PackageError {

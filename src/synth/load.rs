@@ -88,9 +88,7 @@ impl std::str::FromStr for EngineKind {
 /// only a proven residency serves, unless `allow_cpu_fallback` (never with `require_npu`).
 pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engine>, crate::Error> {
     let declared = pkg.genai.model.decoder.session_options.declares_ryzenai();
-    let root = std::env::var_os(crate::npu::env::RYZENAI_ROOT_VAR)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from);
+    let root = crate::native::env_path(crate::npu::env::RYZENAI_ROOT_VAR);
     let decision = device::resolve(cfg.device, declared, root.as_deref());
     tracing::info!("device: {} ({})", decision.device, decision.why);
     if cfg.require_npu && decision.device != Device::Npu {
@@ -173,12 +171,8 @@ pub fn probe_config(cfg: &SynthConfig) -> Result<WorkerConfig, crate::Error> {
 /// Loads the NeuCodec decoder with the threads a config gives it, on this process's ONNX Runtime.
 pub fn load_codec(cfg: &SynthConfig, codec: &CodecPackage) -> Result<CodecDecoder, crate::Error> {
     let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
-    let threads = crate::engine::ThreadPlan::new(
-        cfg.ort.threads,
-        &crate::engine::CpuTopology::detect(),
-        cfg.codec_threads,
-        cfg.ort.spin,
-    );
+    let threads =
+        crate::runtime::ThreadPlan::for_process(cfg.ort.threads, cfg.codec_threads, cfg.ort.spin);
     Ok(CodecDecoder::load(env, codec, &threads)?)
 }
 

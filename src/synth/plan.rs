@@ -103,10 +103,9 @@ pub const BUDGET_FLOOR_CODES: usize = 100;
 /// [`BUDGET_FACTOR`] + [`BUDGET_FLOOR_CODES`], i.e. 10 codes per character plus 100 ("hi", four
 /// phoneme characters, gets 140 codes: 2.8 s).
 pub fn code_budget(prepared: &str) -> usize {
-    use crate::package::{CODEC_HOP, CODEC_SAMPLE_RATE};
-    let codes_per_second = f64::from(CODEC_SAMPLE_RATE) / CODEC_HOP as f64;
     let seconds = prepared.chars().count() as f64 / BUDGET_CHARS_PER_SECOND;
-    (seconds * codes_per_second * BUDGET_FACTOR).ceil() as usize + BUDGET_FLOOR_CODES
+    (seconds * crate::package::CODES_PER_SECOND * BUDGET_FACTOR).ceil() as usize
+        + BUDGET_FLOOR_CODES
 }
 
 impl FrontEnd {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use libloading::Library;
 
-use super::error::TextError;
+use super::TextError;
 use super::language::Language;
 
 const AUDIO_OUTPUT_SYNCHRONOUS: c_int = 0x02;

@@ -1,7 +1,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::error::TextError;
+use super::TextError;
 
 pub(crate) const SUPPORTED: &str = "en-us (or en), de, fr-fr (or fr), es";
 

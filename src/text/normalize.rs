@@ -2,7 +2,7 @@
 
 use unicode_normalization::UnicodeNormalization;
 
-use super::error::TextError;
+use super::TextError;
 use super::py;
 
 /// The vendor's `_QUOTE_MAP`: curly single and double quotes to straight ones.

@@ -64,9 +64,9 @@ pub struct Voice {
 }
 
 impl Voice {
-    /// Reference length in seconds (50 codes per second).
+    /// Reference length in seconds.
     pub fn seconds(&self) -> f32 {
-        self.codes.len() as f32 / 50.0
+        (self.codes.len() as f64 / crate::package::CODES_PER_SECOND) as f32
     }
 
     pub fn validate(&self) -> Result<(), String> {

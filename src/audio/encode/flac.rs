@@ -3,7 +3,7 @@ use flacenc::component::{BitRepr, Stream, StreamInfo};
 use flacenc::error::{Verified, Verify};
 use flacenc::source::{Fill, FrameBuf, MemSource};
 
-use crate::audio::error::AudioError;
+use crate::audio::AudioError;
 use crate::audio::format::AudioFormat;
 use crate::audio::pcm::f32_to_i16;
 

@@ -12,7 +12,7 @@ mod mp3;
 mod opus;
 mod wav;
 
-use super::error::AudioError;
+use super::AudioError;
 use super::format::AudioFormat;
 use super::pcm::push_s16le;
 use super::resample::check_output_rate;

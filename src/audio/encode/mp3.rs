@@ -2,7 +2,7 @@ use std::num::NonZeroU32;
 
 use mp3lame_encoder::{Bitrate, Builder, FlushGap, Mode, MonoPcm, Quality};
 
-use crate::audio::error::AudioError;
+use crate::audio::AudioError;
 use crate::audio::format::AudioFormat;
 
 /// Rates an MP3 stream can carry; LAME resamples other input rates to one of these.

@@ -4,7 +4,7 @@
 use ogg::writing::{PacketWriteEndInfo, PacketWriter};
 use opus::{Application, Bitrate, Channels};
 
-use crate::audio::error::AudioError;
+use crate::audio::AudioError;
 use crate::audio::format::AudioFormat;
 use crate::audio::resample::StreamResampler;
 

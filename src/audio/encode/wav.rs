@@ -1,4 +1,4 @@
-use crate::audio::error::AudioError;
+use crate::audio::AudioError;
 use crate::audio::format::AudioFormat;
 use crate::audio::pcm::push_s16le;
 

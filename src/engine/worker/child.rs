@@ -15,14 +15,15 @@
 //! CPU load; an NPU load whose process has no accel fd open), the thread that took the request
 //! ends the process at once with `_exit(EXIT_STOPPED_DURING_LOAD)`: no atexit handlers and no
 //! C++ static destructors run, so ONNX Runtime's, the provider's and XRT's globals are not torn
-//! down under the load still running on main (the seed's shutdown hang), and the kernel frees
+//! down under the load still running on main (tearing them down there hangs the exit), and the
+//! kernel frees
 //! the rest. Once the NPU is open, exiting would end the loading thread like a SIGKILL would on
 //! a device holder, so the request waits for the load to finish and the model is released in
 //! order as below.
 //!
 //! Shutdown order: the main loop returns, the model session is dropped, then `main` returns and
-//! only then do ONNX Runtime's, the provider's and XRT's globals go (at process exit). The seed's
-//! hang came from the reverse: exit() in a signal handler tore down the runtime under the model.
+//! only then do ONNX Runtime's, the provider's and XRT's globals go (at process exit). The
+//! reverse order hangs: exit() in a signal handler tears the runtime down under the model.
 //!
 //! The reply stream is a private duplicate of the original stdout; fd 1 itself is pointed at
 //! stderr, so anything a library prints lands in the log, not inside a frame.
@@ -234,11 +235,11 @@ fn load_backbone(load: &Load) -> Result<(Box<dyn Backbone>, Loaded), EngineError
     let npu = load.ort.device == Device::Npu;
     // The RyzenAI provider only works with the ONNX Runtime it was built against: on the NPU
     // route with a venv, that one or none.
-    let root = std::env::var_os(crate::npu::env::RYZENAI_ROOT_VAR).filter(|v| !v.is_empty());
+    let root = crate::native::env_path(crate::native::RYZENAI_ROOT_VAR);
     // onnxruntime-genai runs on the ONNX Runtime loaded here (one per process).
     let env = match (&load.ort_lib, npu, root) {
         (None, true, Some(root)) => {
-            let (path, version) = crate::runtime::paired_with_venv(std::path::Path::new(&root))
+            let (path, version) = crate::runtime::paired_with_venv(&root)
                 .map_err(|e| EngineError::Device(e.to_string()))?;
             tracing::info!(
                 "NPU route: the venv's ONNX Runtime {version} ({}), the one its provider pairs with",

@@ -14,7 +14,6 @@ use super::protocol::{
     EVIDENCE_STEPS, Generate, Hello, Load, Loaded, PROTOCOL_VERSION, Reply, Request, read_frame,
     write_frame,
 };
-use super::supervisor::{Child, Ending, NeverKill, StopOutcome, StopPolicy};
 use crate::engine::{
     CancelToken, Candidates, Device, Engine, EngineError, Generation, GenerationParams, OgaOptions,
     OrtOptions, StopReason,
@@ -22,6 +21,7 @@ use crate::engine::{
 use crate::npu::SystemRoots;
 use crate::npu::env::{EnvInputs, worker_env};
 use crate::npu::residency::Residency;
+use crate::npu::supervisor::{Child, Ending, NeverKill, StopOutcome, StopPolicy};
 
 /// How often the watchdog reaps (a reap by anyone else wakes it at once).
 const WATCHDOG_INTERVAL: Duration = Duration::from_millis(50);

@@ -11,8 +11,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use crate::engine::worker::supervisor::{Child, Ending, NeverKill, StopOutcome, StopPolicy};
 use crate::npu::NpuError;
+use crate::npu::supervisor::{Child, Ending, NeverKill, StopOutcome, StopPolicy};
 
 /// The effective ids that decide whether `open(2)` of the accel node succeeds.
 #[derive(Debug, Clone, PartialEq, Eq)]

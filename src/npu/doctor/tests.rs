@@ -30,15 +30,7 @@ fn write(p: &Path, text: &str) {
 impl Fake {
     /// A system on which every check passes.
     fn healthy(tag: &str) -> Fake {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let root = std::env::temp_dir().join(format!(
-            "npu-doctor-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&root);
-        fs::create_dir_all(&root).expect("root");
+        let root = crate::testutil::tempdir(&format!("npu-doctor-{tag}"));
         let m = fs::metadata(&root).expect("meta");
         let f = Fake {
             root,
@@ -219,6 +211,11 @@ impl Host for FakeHost {
     }
 }
 
+/// A check's fix, or "" when it has none.
+fn fix(c: &Check) -> &str {
+    c.fix.as_deref().unwrap_or("")
+}
+
 fn only<'r>(r: &'r Report, name: &str) -> &'r Check {
     let v: Vec<&Check> = r.checks.iter().filter(|c| c.name == name).collect();
     assert_eq!(v.len(), 1, "{name}: {}", r.to_text());
@@ -267,7 +264,7 @@ fn module() {
     let rep = run(&f.inputs(), &f.host());
     let c = only(&rep, names::MODULE);
     assert_eq!(c.status, Status::Fail);
-    assert!(c.fix.as_deref().unwrap_or("").contains("modprobe amdxdna"));
+    assert!(fix(c).contains("modprobe amdxdna"));
     // Built in: no /proc/modules line but /sys/module/amdxdna.
     fs::create_dir_all(r.sys.join("module/amdxdna")).expect("mkdir");
     let rep = run(&f.inputs(), &f.host());
@@ -386,12 +383,7 @@ fn accel_node_access() {
     let c = only(&rep, names::ACCEL);
     assert_eq!(c.status, Status::Fail);
     assert!(c.detail.contains("not in group render"), "{}", c.detail);
-    assert!(
-        c.fix
-            .as_deref()
-            .unwrap_or("")
-            .contains("usermod -aG render")
-    );
+    assert!(fix(c).contains("usermod -aG render"));
 
     // In /etc/group already, but the session predates it.
     write(
@@ -403,13 +395,7 @@ fn accel_node_access() {
         &format!("alice:x:{}:1::/h:/bin/sh\n", h.id.uid),
     );
     let rep = run(&f.inputs(), &h);
-    assert!(
-        only(&rep, names::ACCEL)
-            .fix
-            .as_deref()
-            .unwrap_or("")
-            .contains("log out and in")
-    );
+    assert!(fix(only(&rep, names::ACCEL)).contains("log out and in"));
 
     // An ACL (access(2) says yes) passes despite the bits.
     h.access = Some(true);
@@ -422,7 +408,7 @@ fn accel_node_access() {
     f.set_accel_mode(0o600);
     let c = only(&run(&f.inputs(), &h), names::ACCEL).clone();
     assert_eq!(c.status, Status::Fail);
-    assert!(c.fix.as_deref().unwrap_or("").contains("udev"));
+    assert!(fix(&c).contains("udev"));
 
     // Rootless container: the node's group shows as the overflow gid.
     f.set_accel_mode(0o660);
@@ -457,24 +443,13 @@ fn memlock() {
     let c = only(&rep, names::MEMLOCK);
     assert_eq!(c.status, Status::Fail);
     assert!(c.detail.contains("soft 8 MiB"), "{}", c.detail);
-    assert!(
-        c.fix
-            .as_deref()
-            .unwrap_or("")
-            .contains("--ulimit memlock=-1")
-    );
+    assert!(fix(c).contains("--ulimit memlock=-1"));
     h.memlock = Ok(Memlock {
         soft: Limit::Bytes(8 << 20),
         hard: Limit::Unlimited,
     });
     let rep = run(&f.inputs(), &h);
-    assert!(
-        only(&rep, names::MEMLOCK)
-            .fix
-            .as_deref()
-            .unwrap_or("")
-            .contains("ulimit -l unlimited")
-    );
+    assert!(fix(only(&rep, names::MEMLOCK)).contains("ulimit -l unlimited"));
     h.memlock = Err("EPERM".into());
     assert_eq!(status(&run(&f.inputs(), &h), names::MEMLOCK), Status::Warn);
 }
@@ -488,13 +463,7 @@ fn hugepages() {
     let rep = run(&f.inputs(), &f.host());
     assert_eq!(status(&rep, names::HUGEPAGES), Status::Warn);
     assert_eq!(status(&rep, names::HUGEPAGES_MOUNT), Status::Warn);
-    assert!(
-        only(&rep, names::HUGEPAGES)
-            .fix
-            .as_deref()
-            .unwrap_or("")
-            .contains("nr_hugepages")
-    );
+    assert!(fix(only(&rep, names::HUGEPAGES)).contains("nr_hugepages"));
 }
 
 #[test]
@@ -529,7 +498,7 @@ fn xrt() {
     let c = only(&rep, names::XRT);
     assert_eq!(c.status, Status::Fail);
     assert!(c.detail.contains("ONEBIT_XRT_ROOT"));
-    assert!(c.fix.as_deref().unwrap_or("").contains("dpkg-deb -x"));
+    assert!(fix(c).contains("dpkg-deb -x"));
 }
 
 #[test]
@@ -719,14 +688,14 @@ fn kernel_log_is_not_a_pass_without_a_driver_to_look_at() {
     assert_eq!(c.status, Status::Fail);
     assert!(c.detail.contains("another kernel"), "{}", c.detail);
     assert!(c.detail.contains("(2 since boot)"), "{}", c.detail);
-    assert!(c.fix.as_deref().unwrap_or("").contains("dkms"));
+    assert!(fix(&c).contains("dkms"));
     // Loaded, but the log no longer has any driver line: nothing vouches for it either.
     let f = Fake::healthy("klog-wrapped");
     let mut h = f.host();
     h.log = Some("[ 9999.0] usb 1-1: new device\n".into());
     let c = only(&run(&f.inputs(), &h), names::KERNEL_LOG).clone();
     assert_eq!(c.status, Status::Skip, "{}", c.detail);
-    assert!(c.fix.as_deref().unwrap_or("").contains("journalctl"));
+    assert!(fix(&c).contains("journalctl"));
 }
 
 #[test]
@@ -777,7 +746,7 @@ fn xrt_passes_only_with_real_libraries() {
     let c = only(&run(&f.inputs(), &f.host()), names::XRT).clone();
     assert_eq!(c.status, Status::Fail);
     assert!(c.detail.contains("libxrt_coreutil.so"), "{}", c.detail);
-    assert!(c.fix.as_deref().unwrap_or("").contains("ONEBIT_XRT_ROOT"));
+    assert!(fix(&c).contains("ONEBIT_XRT_ROOT"));
     // A dangling symlink by that name is not a library.
     symlink(
         "libxrt_coreutil.so.2.19.0",
@@ -829,7 +798,7 @@ fn venv_runtime_versions_against_the_pairing() {
         "{}",
         c.detail
     );
-    assert!(c.fix.as_deref().unwrap_or("").contains("--engine oga"));
+    assert!(fix(&c).contains("--engine oga"));
     // onnxruntime-extensions has its own versions: it is not the runtime.
     let site = f.venv().join("lib/python3.12/site-packages");
     fs::remove_dir_all(site.join("onnxruntime_vitisai-1.23.2.dist-info")).expect("rm");
@@ -869,12 +838,7 @@ fn residency_line_needs_a_probe() {
     let c = only(&run(&f.inputs(), &f.host()), names::RESIDENCY).clone();
     assert_eq!(c.status, Status::Skip);
     assert_eq!(c.detail, "not measured by doctor");
-    assert!(
-        c.fix
-            .as_deref()
-            .unwrap_or("")
-            .contains("npu probe --model PKG")
-    );
+    assert!(fix(&c).contains("npu probe --model PKG"));
     let probed = |state, reasons: &[&str]| Probed {
         package: "/m/pkg".into(),
         residency: Residency {

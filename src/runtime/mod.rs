@@ -1,25 +1,31 @@
-//! Finding and loading the ONNX Runtime shared library (`ort` with `load-dynamic`).
+//! ONNX Runtime as this crate uses it, shared by the backbone ([`crate::engine`]) and the codec
+//! ([`crate::codec`]), which both depend on this module and never on each other:
 //!
-//! Nothing is downloaded at build time, so the library must be found at run time. The order is the
-//! one users expect: an explicit flag beats the environment, which beats the RyzenAI venv, which
-//! beats the project-local install, which beats whatever `python3` has. When none works the error
-//! names every place tried and the one command that fixes it.
+//! - this file: finding and loading the ONNX Runtime shared library (`ort` with `load-dynamic`),
+//!   once per process, through the crate's one native-library search ([`crate::native`]): an
+//!   explicit flag beats `ORT_DYLIB_PATH`, which beats the RyzenAI venv, which beats the
+//!   project-local install, which beats whatever `python3` has; when none works the error names
+//!   every place tried and the one command that fixes it. Also the version rules (which ONNX
+//!   Runtime this build can drive, and the venv's runtime the NPU route must pair with).
+//! - [`threads`]: how a session's intra-op pool is sized, pinned and made to wait.
+//! - [`session`]: the one place settings become session options.
+
+pub mod session;
+pub mod threads;
+
+pub use threads::{CpuTopology, ThreadPlan, ThreadPolicy};
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
 use ort::environment::Environment;
 
-use crate::paths;
+use crate::native;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    #[error(
-        "could not load the ONNX Runtime library; tried:\n{}\nfix: run `scripts/setup.sh` (installs onnxruntime into .onebit/), or pass --ort-lib PATH / set ORT_DYLIB_PATH",
-        .tried.iter().map(|t| format!("  - {t}")).collect::<Vec<_>>().join("\n")
-    )]
-    NotFound { tried: Vec<String> },
+    #[error(transparent)]
+    NotFound(#[from] native::NotFound),
     #[error("ONNX Runtime environment: {0}")]
     Environment(String),
     /// The NPU route must use the venv's ONNX Runtime (the RyzenAI provider only works with the
@@ -61,7 +67,7 @@ pub fn version_supported(version: &str) -> bool {
 /// The ONNX Runtime library of a RyzenAI venv: `deployment/lib/libonnxruntime.so*`, else the
 /// venv's `onnxruntime` package (`lib/python3*/site-packages/onnxruntime/capi/`).
 pub fn venv_runtime(root: &Path) -> Result<PathBuf, RuntimeError> {
-    let mut dirs = vec![root.join("deployment/lib")];
+    let mut dirs = vec![native::venv_lib_dir(root)];
     if let Ok(entries) = std::fs::read_dir(root.join("lib")) {
         let mut py: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -76,7 +82,7 @@ pub fn venv_runtime(root: &Path) -> Result<PathBuf, RuntimeError> {
         dirs.extend(py);
     }
     for dir in &dirs {
-        if let Some(lib) = runtime_in(dir) {
+        if let Some(lib) = native::newest(dir, LIB_FILE) {
             return Ok(lib);
         }
     }
@@ -87,25 +93,6 @@ pub fn venv_runtime(root: &Path) -> Result<PathBuf, RuntimeError> {
             .map(|d| format!("{}/libonnxruntime.so*", d.display()))
             .collect(),
     })
-}
-
-/// `libonnxruntime.so` in `dir`, else its highest versioned name.
-fn runtime_in(dir: &Path) -> Option<PathBuf> {
-    let plain = dir.join("libonnxruntime.so");
-    if plain.exists() {
-        return Some(plain);
-    }
-    let mut libs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libonnxruntime.so."))
-        })
-        .collect();
-    libs.sort();
-    libs.pop()
 }
 
 /// The library the NPU route must load: the venv's, when its version is one this build can drive.
@@ -139,40 +126,33 @@ struct Loaded {
 static RUNTIME: OnceLock<Loaded> = OnceLock::new();
 static INIT_LOCK: Mutex<()> = Mutex::new(());
 
-/// The places to look, in order, each with the name of its source.
-fn candidates(explicit: Option<(&'static str, &Path)>) -> Vec<(&'static str, PathBuf)> {
-    let mut out = Vec::new();
-    if let Some((source, p)) = explicit {
-        out.push((source, p.to_path_buf()));
-    }
-    if let Some(p) = std::env::var_os("ORT_DYLIB_PATH").filter(|v| !v.is_empty()) {
-        out.push(("ORT_DYLIB_PATH", PathBuf::from(p)));
-    }
-    if let Some(root) = std::env::var_os("ONEBIT_RYZENAI_ROOT").filter(|v| !v.is_empty()) {
-        out.push((
-            "ONEBIT_RYZENAI_ROOT",
-            Path::new(&root).join("deployment/lib/libonnxruntime.so"),
-        ));
-    }
-    for p in paths::in_homes("onnxruntime/lib/libonnxruntime.so") {
-        out.push(("project-local (.onebit)", p));
-    }
-    out
+/// ONNX Runtime's file name, in every place it is looked for.
+const LIB_FILE: &str = "libonnxruntime.so";
+
+/// The places to look, in order: `explicit` (the flag, or the caller's reason), then
+/// `ORT_DYLIB_PATH`, the RyzenAI venv, the project-local install, python3's onnxruntime.
+fn search(explicit: Option<(&'static str, &Path)>) -> native::Search {
+    let search = native::Search::new(
+        "the ONNX Runtime library",
+        "run `scripts/setup.sh` (installs onnxruntime into .onebit/), or pass --ort-lib PATH / set ORT_DYLIB_PATH",
+    );
+    let search = match explicit {
+        Some((source, p)) => search.at(source, p),
+        None => search,
+    };
+    search
+        .env("ORT_DYLIB_PATH")
+        .ryzenai_venv(LIB_FILE)
+        .project_local(&format!("onnxruntime/lib/{LIB_FILE}"))
+        .python("python3 onnxruntime", python_onnxruntime)
 }
 
 fn python_onnxruntime() -> Result<PathBuf, String> {
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import onnxruntime, os; print(os.path.join(os.path.dirname(onnxruntime.__file__), 'capi'))",
-        ])
-        .output()
-        .map_err(|e| format!("python3 not runnable: {e}"))?;
-    if !out.status.success() {
-        return Err("python3 cannot import onnxruntime".into());
-    }
-    let capi = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    runtime_in(&capi).ok_or_else(|| format!("no libonnxruntime.so in {}", capi.display()))
+    let capi = native::python_dir(
+        "import onnxruntime, os; print(os.path.join(os.path.dirname(onnxruntime.__file__), 'capi'))",
+        "python3 cannot import onnxruntime",
+    )?;
+    native::newest(&capi, LIB_FILE).ok_or_else(|| format!("no {LIB_FILE} in {}", capi.display()))
 }
 
 /// Loads ONNX Runtime once per process and returns its environment. Later calls return the same
@@ -203,64 +183,24 @@ fn init(explicit: Option<(&'static str, &Path)>) -> Result<&'static Loaded, Runt
     if let Some(l) = RUNTIME.get() {
         return Ok(l);
     }
-    let mut tried = Vec::new();
-    let mut try_one = |source: &'static str, path: PathBuf| -> Option<Loaded> {
-        if !path.exists() {
-            tried.push(format!("{source}: {} (not found)", path.display()));
-            return None;
-        }
-        match ort::init_from(&path) {
-            Ok(builder) => match builder.with_name("onebit-tts").build() {
-                Ok(env) => {
-                    let version = lib_version(&path).unwrap_or_else(|| "unknown".into());
-                    tracing::info!(path = %path.display(), source, %version, "ONNX Runtime loaded");
-                    Some(Loaded {
-                        env,
-                        info: RuntimeInfo {
-                            path,
-                            source,
-                            version,
-                        },
-                    })
-                }
-                Err(e) => {
-                    tried.push(format!("{source}: {} ({e})", path.display()));
-                    None
-                }
+    let found = search(explicit).first(|place| {
+        let env = ort::init_from(&place.path)
+            .map_err(|e| e.to_string())?
+            .with_name("onebit-tts")
+            .build()
+            .map_err(|e| e.to_string())?;
+        let version = lib_version(&place.path).unwrap_or_else(|| "unknown".into());
+        tracing::info!(path = %place.path.display(), source = place.source, %version, "ONNX Runtime loaded");
+        Ok(Loaded {
+            env,
+            info: RuntimeInfo {
+                path: place.path.clone(),
+                source: place.source,
+                version,
             },
-            Err(e) => {
-                tried.push(format!("{source}: {} ({e})", path.display()));
-                None
-            }
-        }
-    };
-    let mut loaded = None;
-    for (source, path) in candidates(explicit) {
-        if let Some(l) = try_one(source, path) {
-            loaded = Some(l);
-            break;
-        }
-    }
-    if loaded.is_none() {
-        match python_onnxruntime() {
-            Ok(path) => loaded = try_one("python3 onnxruntime", path),
-            Err(e) => tried.push(format!("python3 onnxruntime: {e}")),
-        }
-    }
-    // A library that exists but could not be used (too old for this build, say) is passed over
-    // aloud, never silently.
-    if let Some(l) = &loaded {
-        for t in tried.iter().filter(|t| !t.ends_with("(not found)")) {
-            tracing::warn!(
-                "ONNX Runtime: passed over {t}; using {} ({})",
-                l.info.path.display(),
-                l.info.source
-            );
-        }
-    }
-    let Some(loaded) = loaded else {
-        return Err(RuntimeError::NotFound { tried });
-    };
+        })
+    })?;
+    let loaded = found.lib;
     Ok(RUNTIME.get_or_init(|| loaded))
 }
 

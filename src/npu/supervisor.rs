@@ -5,8 +5,8 @@
 //!
 //! - Every waitpid goes through one [`Child::reap`], which records how the child ended once.
 //!   [`Child::alive`], [`Child::stop`] and the watchdog ([`Child::spawn_watchdog`]) share it, so a
-//!   child that already exited makes `stop()` a no-op (the seed waited the whole grace and then
-//!   SIGKILLed a pid that was gone, and possibly reused).
+//!   child that already exited makes `stop()` a no-op: waiting out the grace for a child that is
+//!   gone and then SIGKILLing its pid would signal whatever process was given that pid since.
 //! - Signals go to the child's pid only, never to a process group (the group may hold the
 //!   server too), and only while the child is unreaped: the state lock is held across the check
 //!   and the `kill(2)`, so the pid cannot have been recycled in between.
@@ -28,7 +28,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::npu::{SystemRoots, holds_accel};
+use super::accel::holds_accel;
+use super::roots::SystemRoots;
 
 /// Seconds a worker gets between SIGTERM and escalation.
 pub const STOP_GRACE_VAR: &str = "ONEBIT_BACKEND_STOP_GRACE_S";

@@ -157,6 +157,11 @@ impl ThreadPlan {
         }
     }
 
+    /// [`ThreadPlan::new`] for the cores this process may use now ([`CpuTopology::detect`]).
+    pub fn for_process(policy: ThreadPolicy, explicit: Option<usize>, spin: Option<bool>) -> Self {
+        Self::new(policy, &CpuTopology::detect(), explicit, spin)
+    }
+
     /// Applies the plan to a session builder.
     pub fn apply(&self, mut builder: SessionBuilder) -> ort::Result<SessionBuilder> {
         if let Some(n) = self.intra_threads {
@@ -265,12 +270,7 @@ mod tests {
         }
     }
 
-    fn tmp(name: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("onebit-threads-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
+    use crate::testutil::tempdir as tmp;
 
     #[test]
     fn two_cores_without_smt_get_two_unpinned_threads() {
