@@ -456,17 +456,9 @@ fn voices_add(a: AddArgs) -> Result<()> {
     let env = onebit_tts::runtime::environment(a.ort_lib.as_deref())?;
     let threads = onebit_tts::runtime::ThreadPlan::for_process(a.thread_policy, a.threads, None);
     let mut enc = CodecEncoder::load(env, &encoder, &threads)?;
-    // An explicit model also bounds the reference by its context.
-    let budget = match a.model.as_deref().map(resolve_dir) {
-        Some(dir) => Some(
-            ModelPackage::load(&dir, a.codec.as_deref())?
-                .genai
-                .token_budget(),
-        ),
-        None => None,
-    };
-    let cloned = clone_voice(&spec, &audio, &mut enc, budget)
-        .with_context(|| format!("{}", a.audio.display()))?;
+    let judge = reference_judge(a.model.as_deref(), a.codec.as_deref())?;
+    let cloned =
+        clone_voice(&spec, &audio, &mut enc).with_context(|| format!("{}", a.audio.display()))?;
     let voice = cloned.voice;
     println!(
         "encoder:  {} -> {} codes ({:.2} s at 50 codes/s)",
@@ -474,7 +466,7 @@ fn voices_add(a: AddArgs) -> Result<()> {
         voice.codes.len(),
         voice.seconds()
     );
-    for w in &cloned.warnings {
+    for w in cloned.warnings.iter().chain(&judge.judge(&voice)?) {
         eprintln!("warning: {w}");
     }
     let path = VoiceStore::save(&dir, &voice, a.force)?;
@@ -487,6 +479,29 @@ fn voices_add(a: AddArgs) -> Result<()> {
         path.display()
     );
     Ok(())
+}
+
+/// How a new voice's reference is judged: against an explicitly named model's token budget
+/// (its exact prompt), else by its length alone.
+struct ReferenceJudge(Option<FrontEnd>);
+
+fn reference_judge(model: Option<&Path>, codec: Option<&Path>) -> Result<ReferenceJudge> {
+    let Some(dir) = model.map(resolve_dir) else {
+        return Ok(ReferenceJudge(None));
+    };
+    let pkg = ModelPackage::load(&dir, codec)?;
+    let voices = onebit_tts::voice::VoiceStore::open(&[])?;
+    Ok(ReferenceJudge(Some(FrontEnd::new(pkg, voices, 0))))
+}
+
+impl ReferenceJudge {
+    /// Refuses a reference that leaves no room to speak; else its warning, if any.
+    fn judge(&self, voice: &onebit_tts::voice::Voice) -> Result<Option<String>> {
+        Ok(match &self.0 {
+            Some(front) => front.check_reference(voice)?,
+            None => onebit_tts::voice::length_warning(voice),
+        })
+    }
 }
 
 fn file_name(p: &Path) -> String {
@@ -1078,19 +1093,12 @@ fn run(cli: Cli) -> Result<()> {
                 "{spinner} importing {pos}/{len} {msg}",
             );
             let voices = onebit_tts::voice::import_paths(&paths, &opts)?;
-            let budget = match model.as_deref().map(resolve_dir) {
-                Some(dir) => Some(ModelPackage::load(&dir, None)?.genai.token_budget()),
-                None => None,
-            };
+            let judge = reference_judge(model.as_deref(), None)?;
             let dir = dir.unwrap_or_else(store_dir);
             bar.set_length(voices.len() as u64);
             for v in &voices {
                 bar.set_message(v.name.clone());
-                let warning = match budget {
-                    Some(b) => onebit_tts::voice::check_budget(v, b)?,
-                    None => onebit_tts::voice::length_warning(v),
-                };
-                if let Some(w) = warning {
+                if let Some(w) = judge.judge(v)? {
                     bar.suspend(|| eprintln!("warning: {w}"));
                 }
                 let path = onebit_tts::voice::VoiceStore::save(&dir, v, force)?;

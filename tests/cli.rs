@@ -470,3 +470,47 @@ fn bench_peers_run_onnxruntime_genai_on_the_same_prompts() {
         "{err}"
     );
 }
+
+/// `voices import --model` measures a reference by the exact prompt the model's front end builds
+/// for it: one token per code plus its transcript and the prompt frame, refused exactly where it
+/// leaves fewer than 50 of the 4096 context tokens for new codes.
+#[test]
+fn voices_import_checks_the_reference_against_the_exact_prompt() {
+    let dir = common::tempdir("voices-budget");
+    let import = |name: &str, codes: usize| {
+        let path = dir.join(format!("{name}.json"));
+        let list: Vec<usize> = (0..codes).collect();
+        std::fs::write(&path, serde_json::to_string(&list).unwrap()).unwrap();
+        cli(&[
+            "voices",
+            "import",
+            path.to_str().unwrap(),
+            "--text",
+            "Hello there, this is my voice.",
+            "--model",
+            "models/tiny",
+            "--dir",
+            dir.join("store").to_str().unwrap(),
+        ])
+    };
+    let err = error_line(&import("big", 4100));
+    let needed: usize = err
+        .split("takes ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no token count in {err}"));
+    assert!(err.contains("4096-token context"), "{err}");
+    let frame = needed - 4100;
+    assert!(frame > 0 && frame < 100, "{err}");
+    // Exactly at the limit: the reference plus 50 new codes fill the context.
+    let fits = 4096 - 50 - frame;
+    let o = import("edge", fits);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = error_line(&import("over", fits + 1));
+    assert!(
+        err.contains(&format!("takes {} prompt tokens", 4096 - 50 + 1)),
+        "{err}"
+    );
+    assert!(!dir.join("store").join("over.json").exists());
+}

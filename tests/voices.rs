@@ -307,6 +307,7 @@ fn vendor_voices_import_exactly() {
     };
     let voices = import_path(&dir, &opts).unwrap();
     assert_eq!(voices.len(), VENDOR_VOICES.len());
+    let front = tiny_front();
     for (v, (name, lang, n, prefix)) in voices.iter().zip(VENDOR_VOICES) {
         assert_eq!((v.name.as_str(), v.language.as_str()), (name, lang));
         assert_eq!(v.codes.len(), n, "{name}");
@@ -319,7 +320,9 @@ fn vendor_voices_import_exactly() {
         let txt = std::fs::read_to_string(dir.join(format!("{name}.txt"))).unwrap();
         assert_eq!(v.transcript, txt.trim(), "{name}");
         assert_eq!(v.license, "NeuTTS Open License v1.0");
-        assert_eq!(check_budget(v, 2048).unwrap(), None, "{name}");
+        // Each fits NeuTTS-air's 2048-token context with room to speak, by its exact prompt.
+        let needed = front.reference_tokens(v).unwrap();
+        assert_eq!(check_budget(v, needed, 2048).unwrap(), None, "{name}");
     }
 
     // The generator below mirrors the real file: same pickle bytes for the same tensor.
@@ -894,12 +897,29 @@ fn budget_refuses_references_that_fill_the_context() {
         source: String::new(),
         license: String::new(),
     };
-    // 900 codes + 150 + 16 = 1066 tokens.
-    let warn = check_budget(&v, 2048).unwrap().unwrap();
+    // One token per code, plus the transcript's tokens and the prompt frame.
+    let front = tiny_front();
+    let needed = front.reference_tokens(&v).unwrap();
+    assert!(needed > 900 + 60, "{needed}");
+    let shorter = Voice {
+        codes: vec![7; 899],
+        ..v.clone()
+    };
+    assert_eq!(front.reference_tokens(&shorter).unwrap(), needed - 1);
+    let warn = check_budget(&v, needed, 2048).unwrap().unwrap();
     assert!(warn.contains("18.0 s"), "{warn}");
-    let err = check_budget(&v, 1100).unwrap_err().to_string();
+    assert!(check_budget(&v, needed, needed + 50).is_ok());
+    let err = check_budget(&v, needed, needed + 49)
+        .unwrap_err()
+        .to_string();
     assert!(
-        err.contains("\"long\"") && err.contains("1066") && err.contains("1100"),
+        err.contains("\"long\"") && err.contains(&format!("takes {needed} prompt tokens")),
         "{err}"
     );
+}
+
+/// The test package's front end, for measuring references by their exact prompt.
+fn tiny_front() -> onebit_tts::synth::FrontEnd {
+    let pkg = onebit_tts::package::ModelPackage::load(&common::model("tiny"), None).unwrap();
+    onebit_tts::synth::FrontEnd::new(pkg, VoiceStore::open(&[]).unwrap(), 0)
 }

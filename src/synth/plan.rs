@@ -109,6 +109,37 @@ pub fn code_budget(prepared: &str) -> usize {
 }
 
 impl FrontEnd {
+    /// Prompt tokens a voice costs before any text: its prompt with nothing to speak, built exactly
+    /// as a request's is (its transcript prepared for the model, its codes, the prompt frame).
+    pub fn reference_tokens(&self, voice: &Voice) -> Result<usize, SynthError> {
+        let lang: Language = voice.language.parse()?;
+        let format = self.pkg.input_format;
+        let ref_text = self.prepare_text(&voice.transcript, format, lang)?;
+        let ids = prompt::build(
+            &self.pkg.tokenizer,
+            &self.pkg.vocab,
+            &PromptInput {
+                format,
+                ref_text: &ref_text,
+                text: "",
+                ref_codes: &voice.codes,
+                emotion: None,
+            },
+        )?;
+        Ok(ids.len())
+    }
+
+    /// Refuses a voice whose reference leaves no room to speak in this package's token budget;
+    /// otherwise the reference's length warning, if any.
+    pub fn check_reference(&self, voice: &Voice) -> Result<Option<String>, SynthError> {
+        let needed = self.reference_tokens(voice)?;
+        Ok(crate::voice::check_budget(
+            voice,
+            needed,
+            self.pkg.genai.token_budget(),
+        )?)
+    }
+
     /// Splits a request's text into pieces whose prompt plus expected codes fit the model's token
     /// budget, in order. A text that fits whole is one piece phonemized whole, exactly as the
     /// vendor does; longer ones are cut at sentences, then clauses, then words.

@@ -9,7 +9,9 @@ use crate::codec::CodecError;
 use crate::codec::encoder::{CodecEncoder, ENCODER_NEEDED, ENCODER_SAMPLE_RATE};
 use crate::text::Language;
 
-use super::{Voice, VoiceError, check_budget, length_warning, validate_name};
+#[cfg(doc)]
+use super::length_warning;
+use super::{Voice, VoiceError, validate_name};
 
 /// Share of clipped samples above which the reference is worth a warning.
 const CLIPPING_WARN_RATIO: f64 = 0.001;
@@ -70,7 +72,7 @@ impl CloneSpec {
 #[derive(Debug, Clone)]
 pub struct Cloned {
     pub voice: Voice,
-    /// Clipping in the reference, a reference longer than recommended.
+    /// Clipping in the reference.
     pub warnings: Vec<String>,
 }
 
@@ -87,13 +89,13 @@ pub fn find_encoder(given: Option<&Path>, codec_dir: &Path) -> Result<PathBuf, C
         })
 }
 
-/// Encodes 16 kHz reference audio into a voice. With `budget_tokens` (a model's context) the
-/// reference is refused when it leaves no room to speak; without, only its length is judged.
+/// Encodes 16 kHz reference audio into a voice. Whether the reference fits a model's context is
+/// the model's front end's judgement (`synth::FrontEnd::check_reference`); without a model,
+/// [`length_warning`] judges its length.
 pub fn clone_voice(
     spec: &CloneSpec,
     audio: &DecodedAudio,
     encoder: &mut CodecEncoder,
-    budget_tokens: Option<usize>,
 ) -> Result<Cloned, CloneError> {
     let language = spec.check()?;
     if audio.sample_rate != ENCODER_SAMPLE_RATE {
@@ -121,11 +123,6 @@ pub fn clone_voice(
         source: spec.source.clone(),
         license: spec.license.clone(),
     };
-    let length = match budget_tokens {
-        Some(budget) => check_budget(&voice, budget)?,
-        None => length_warning(&voice),
-    };
-    warnings.extend(length);
     Ok(Cloned { voice, warnings })
 }
 

@@ -657,12 +657,6 @@ impl<'a> PyParser<'a> {
     }
 }
 
-/// Prompt tokens a voice costs before any text: about one per reference code, plus the
-/// transcript's phonemes estimated as chars/2, plus 16 for the fixed prompt frame.
-pub fn estimated_prompt_tokens(voice: &Voice) -> usize {
-    voice.codes.len() + voice.transcript.chars().count() / 2 + 16
-}
-
 /// Some(warning) when the reference is longer than the vendor's recommended 15 s.
 pub fn length_warning(voice: &Voice) -> Option<String> {
     (voice.seconds() > MAX_REFERENCE_SECONDS).then(|| {
@@ -677,9 +671,14 @@ pub fn length_warning(voice: &Voice) -> Option<String> {
 
 /// Refuses a voice whose reference alone leaves no room for [`MIN_NEW_CODES`] new codes in a
 /// context of `budget_tokens`; otherwise returns the length warning, if any, for the caller to
-/// print.
-pub fn check_budget(voice: &Voice, budget_tokens: usize) -> Result<Option<String>, VoiceError> {
-    let needed = estimated_prompt_tokens(voice);
+/// print. `reference_tokens` is the voice's prompt with no text to speak, as the model's front end
+/// builds it (`synth::FrontEnd::reference_tokens`): the one measure of a prompt's size.
+pub fn check_budget(
+    voice: &Voice,
+    reference_tokens: usize,
+    budget_tokens: usize,
+) -> Result<Option<String>, VoiceError> {
+    let needed = reference_tokens;
     if needed > budget_tokens.saturating_sub(MIN_NEW_CODES) {
         return Err(VoiceError::TooLong {
             name: voice.name.clone(),
@@ -908,7 +907,7 @@ mod tests {
     }
 
     #[test]
-    fn budget_counts_codes_and_transcript() {
+    fn budget_leaves_room_for_the_minimum_new_codes() {
         let mut v = Voice {
             name: "v".into(),
             language: "en-us".into(),
@@ -917,17 +916,16 @@ mod tests {
             source: String::new(),
             license: String::new(),
         };
-        assert_eq!(estimated_prompt_tokens(&v), 372 + 50 + 16);
-        assert_eq!(check_budget(&v, 2048).unwrap(), None);
+        assert_eq!(check_budget(&v, 438, 2048).unwrap(), None);
         // 438 tokens + 50 new codes fits 488 exactly, not 487.
-        assert_eq!(check_budget(&v, 488).unwrap(), None);
-        let err = check_budget(&v, 487).unwrap_err().to_string();
+        assert_eq!(check_budget(&v, 438, 488).unwrap(), None);
+        let err = check_budget(&v, 438, 487).unwrap_err().to_string();
         assert!(
             err.contains("\"v\"") && err.contains("438") && err.contains("487"),
             "{err}"
         );
         v.codes = vec![1; 751];
-        let warn = check_budget(&v, 2048).unwrap().unwrap();
+        let warn = check_budget(&v, 817, 2048).unwrap().unwrap();
         assert!(warn.contains("\"v\"") && warn.contains("15.0 s"), "{warn}");
         v.codes = vec![1; 750];
         assert_eq!(length_warning(&v), None);

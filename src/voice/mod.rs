@@ -39,7 +39,7 @@ pub enum VoiceError {
         source: std::io::Error,
     },
     #[error(
-        "voice {name:?}: its reference needs about {needed} prompt tokens, which leaves no room for {} new codes in a {budget}-token context; use a shorter reference (3-15 s)",
+        "voice {name:?}: its reference takes {needed} prompt tokens, which leaves no room for {} new codes in a {budget}-token context; use a shorter reference (3-15 s)",
         import::MIN_NEW_CODES
     )]
     TooLong {
