@@ -173,6 +173,9 @@ fn graph() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
+    // The binary (src/bin/) is a crate of its own over the library: its `crate::` is not the
+    // library's.
+    files.retain(|f| !f.strip_prefix(&src).is_ok_and(|r| r.starts_with("bin")));
     let modules: BTreeSet<Vec<String>> = files
         .iter()
         .map(|f| module_of(f.strip_prefix(&src).expect("under src")))
@@ -180,9 +183,6 @@ fn graph() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
     let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
     for f in &files {
         let rel = f.strip_prefix(&src).expect("under src");
-        if rel == Path::new("main.rs") {
-            continue;
-        }
         let me = module_of(rel);
         let code = code_of(&std::fs::read_to_string(f).expect("read"));
         for p in named_paths(&code, &me) {

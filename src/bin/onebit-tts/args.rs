@@ -1,0 +1,305 @@
+//! The options several commands share (model, generation, output) and how they become the
+//! library's settings.
+
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use onebit_tts::audio::{AudioFormat, OutputSpec};
+use onebit_tts::engine::{
+    DeviceChoice, GenerationParams, KvMode, OgaOptions, OrtOptions, SamplingParams, ThreadPolicy,
+};
+use onebit_tts::prompt::InputFormat;
+use onebit_tts::synth::{EngineKind, SpeechRequest, SynthConfig, resolve_dir};
+use onebit_tts::text::Language;
+
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// Model package directory (genai_config.json, model.onnx, tokenizer.json, codec/).
+    /// Default: models/neutts-air when present, else the generated test package models/tiny.
+    #[arg(long, env = "ONEBIT_MODEL")]
+    pub model: Option<PathBuf>,
+    /// NeuCodec decoder package directory (default: MODEL/codec).
+    #[arg(long, env = "ONEBIT_CODEC")]
+    pub codec: Option<PathBuf>,
+    /// Path of libonnxruntime.so (else ORT_DYLIB_PATH, the RyzenAI venv, .onebit/, python3's onnxruntime).
+    #[arg(long, env = "ONEBIT_ORT_LIB")]
+    pub ort_lib: Option<PathBuf>,
+    /// Extra voice directory (repeatable); the repo's voices/ is always read.
+    #[arg(long = "voices", env = "ONEBIT_VOICES", value_delimiter = ':')]
+    pub voices: Vec<PathBuf>,
+    /// Intra-op threads of the backbone and codec sessions (default: the package's config, else
+    /// one per physical core this process may use, at most 16).
+    #[arg(long, env = "ONEBIT_THREADS")]
+    pub threads: Option<usize>,
+    /// Thread defaults: tuned (threads = usable physical cores within the affinity mask and CPU
+    /// quota, pool threads pinned one per core on SMT machines, no spin-waiting) or ort (ONNX
+    /// Runtime's own: every physical core of the machine, spinning).
+    #[arg(long, env = "ONEBIT_THREAD_POLICY", default_value = "tuned", value_parser = parse_thread_policy)]
+    pub thread_policy: ThreadPolicy,
+    /// Spin-waiting of the pool threads: on (the tuned default: fastest on an otherwise idle
+    /// machine; spinning stops between runs) or off (for machines shared with other busy
+    /// processes, where spinning wastes the time slices the other pool threads need).
+    #[arg(long, env = "ONEBIT_SPIN", value_parser = parse_on_off)]
+    pub spin: Option<bool>,
+    /// KV cache handling: shared (one buffer bound as past and present, grown by doubling; the
+    /// default) or growing (a new present tensor per step).
+    #[arg(long, value_parser = parse_kv)]
+    pub kv: Option<KvMode>,
+    /// Generation loop: ort (ours, in-process ONNX Runtime) or oga (onnxruntime-genai).
+    #[arg(long, env = "ONEBIT_ENGINE", default_value = "ort")]
+    pub engine: EngineKind,
+    /// Path of libonnxruntime-genai.so for --engine oga (else the RyzenAI venv, .onebit/oga/lib,
+    /// python3's onnxruntime_genai).
+    #[arg(long, env = "ONEBIT_OGA_LIB")]
+    pub oga_lib: Option<PathBuf>,
+    /// Where the backbone runs: auto (npu when genai_config.json declares RyzenAI and
+    /// ONEBIT_RYZENAI_ROOT is set, else cpu), cpu, cuda, or npu (always in a worker child).
+    #[arg(long, env = "ONEBIT_DEVICE", default_value = "auto")]
+    pub device: DeviceChoice,
+    /// Run the backbone in a worker child (`onebit-tts worker`) whatever the device.
+    #[arg(long)]
+    pub isolate: bool,
+    /// Refuse to start unless the backbone is proven resident on the NPU (no CPU fallback, and
+    /// `auto` may not resolve to the CPU).
+    #[arg(long)]
+    pub require_npu: bool,
+    /// With --device npu: serve even when NPU residency is not proven (nodes the provider
+    /// declines run on the CPU); such runs are labelled "cpu fallback", never "npu".
+    #[arg(long)]
+    pub allow_cpu_fallback: bool,
+    /// With --device npu: ONNX Runtime's strict mode (session.disable_cpu_ep_fallback=1): the
+    /// load fails when the provider does not take every node.
+    #[arg(long)]
+    pub npu_strict: bool,
+    /// The RyzenAI provider library (sets RYZENAI_EP_PATH for the worker).
+    #[arg(long, env = "ONEBIT_EP_LIBRARY")]
+    pub ep_library: Option<PathBuf>,
+    /// Allow SIGKILL of a worker that outlives ONEBIT_BACKEND_STOP_GRACE_S after SIGTERM
+    /// (CPU/CUDA workers only: a worker holding the NPU is never SIGKILLed).
+    #[arg(long)]
+    pub allow_kill: bool,
+    /// Seconds a worker child may take from its start to reporting the model loaded before it
+    /// counts as hung and is stopped (a first NPU load compiles the model: minutes).
+    #[arg(long, env = "ONEBIT_LOAD_TIMEOUT_S", value_name = "SECONDS", default_value_t = 900,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub load_timeout: u64,
+    /// Seconds a worker child may go without the next code (or the end) of a request before it
+    /// counts as hung: the request fails and the next one starts a new worker.
+    #[arg(long, env = "ONEBIT_STEP_TIMEOUT_S", value_name = "SECONDS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub step_timeout: u64,
+}
+
+pub fn parse_thread_policy(s: &str) -> Result<ThreadPolicy, String> {
+    ThreadPolicy::parse(s)
+        .ok_or_else(|| format!("unknown thread policy {s:?} (supported: tuned, ort)"))
+}
+
+pub fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, not {s:?}")),
+    }
+}
+
+pub fn parse_kv(s: &str) -> Result<KvMode, String> {
+    match s {
+        "growing" => Ok(KvMode::Growing),
+        "shared" => Ok(KvMode::Shared),
+        _ => Err(format!(
+            "unknown KV mode {s:?} (supported: growing, shared)"
+        )),
+    }
+}
+
+#[derive(Args, Clone)]
+pub struct GenArgs {
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 50)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Makes a take reproducible; without it a seed is drawn and printed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// The end token cannot win before this many codes (vendor default 50).
+    #[arg(long, default_value_t = onebit_tts::engine::DEFAULT_MIN_NEW_TOKENS)]
+    pub min_new_tokens: usize,
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// Language of the text (en-us, de, fr-fr, es); default: the voice's.
+    #[arg(long)]
+    pub lang: Option<String>,
+    /// Prompt format override (phonemes, bpe); default: the model's.
+    #[arg(long)]
+    pub input_format: Option<String>,
+}
+
+pub fn default_model() -> PathBuf {
+    let real = resolve_dir(Path::new("models/neutts-air"));
+    if real.join("genai_config.json").exists() {
+        real
+    } else {
+        resolve_dir(Path::new("models/tiny"))
+    }
+}
+
+pub fn progress_bar(quiet: bool, len: u64, template: &str) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+pub fn voice_dirs(extra: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs = onebit_tts::voice::default_dirs();
+    for d in extra {
+        if !dirs.contains(d) {
+            dirs.push(d.clone());
+        }
+    }
+    dirs
+}
+
+pub fn synth_config(m: &ModelArgs) -> SynthConfig {
+    SynthConfig {
+        package_dir: m
+            .model
+            .as_deref()
+            .map(resolve_dir)
+            .unwrap_or_else(default_model),
+        codec_dir: m.codec.clone(),
+        ort_lib: m.ort_lib.clone(),
+        voice_dirs: voice_dirs(&m.voices),
+        ort: OrtOptions {
+            intra_threads: m.threads,
+            threads: m.thread_policy,
+            spin: m.spin,
+            kv_mode: m.kv,
+            kv_capacity: None,
+            prefill_chunk: None,
+            device: Default::default(),
+            npu_strict: m.npu_strict,
+        },
+        codec_threads: m.threads,
+        max_input_chars: 0,
+        engine: m.engine,
+        oga: OgaOptions {
+            lib: m.oga_lib.clone(),
+            ..OgaOptions::default()
+        },
+        device: m.device,
+        isolate: m.isolate,
+        require_npu: m.require_npu,
+        allow_cpu_fallback: m.allow_cpu_fallback,
+        ep_library: m.ep_library.clone(),
+        allow_kill: m.allow_kill,
+        worker_exe: None,
+        worker_timeouts: onebit_tts::engine::WorkerTimeouts {
+            load: Duration::from_secs(m.load_timeout),
+            step: Duration::from_secs(m.step_timeout),
+        },
+    }
+}
+
+pub fn request(
+    voice: &str,
+    text: String,
+    g: &GenArgs,
+    output: OutputSpec,
+) -> Result<SpeechRequest> {
+    Ok(SpeechRequest {
+        output,
+        text,
+        voice: voice.to_owned(),
+        language: g.lang.as_deref().map(str::parse::<Language>).transpose()?,
+        input_format: g
+            .input_format
+            .as_deref()
+            .map(str::parse::<InputFormat>)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        emotion: None,
+        generation: GenerationParams {
+            sampling: SamplingParams {
+                temperature: g.temperature,
+                top_k: g.top_k,
+                top_p: g.top_p,
+                seed: g.seed,
+            },
+            min_new_tokens: g.min_new_tokens,
+            max_new_tokens: g.max_new_tokens,
+        },
+    })
+}
+
+pub fn read_text(text: Option<String>) -> Result<String> {
+    match text {
+        Some(t) => Ok(t),
+        None => {
+            if std::io::stdin().is_terminal() {
+                bail!("no text given: pass it as an argument or on stdin");
+            }
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading text from stdin")?;
+            Ok(s)
+        }
+    }
+}
+
+#[derive(Args, Clone)]
+pub struct OutArgs {
+    /// Output format (wav, pcm, flac, mp3, opus); default: from the output file's extension, else wav.
+    #[arg(long)]
+    pub format: Option<String>,
+    /// Output sample rate, 8000..48000 (default 24000, the codec's).
+    #[arg(long)]
+    pub sample_rate: Option<u32>,
+    /// Speaking speed 0.25..4.0 (time-stretch, pitch kept).
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f32,
+}
+
+pub fn output_spec(o: &OutArgs, path: &Path) -> Result<OutputSpec> {
+    let format = match &o.format {
+        Some(f) => f.parse::<AudioFormat>()?,
+        // An extension that names no format is refused: writing WAV under it would mislabel
+        // the file. `.raw` is the usual name for headerless samples, i.e. pcm.
+        None => match path.extension().map(|e| e.to_string_lossy()) {
+            None => AudioFormat::Wav,
+            Some(ext) if ext.eq_ignore_ascii_case("raw") => AudioFormat::Pcm,
+            Some(ext) => ext.parse::<AudioFormat>().map_err(|_| {
+                anyhow::anyhow!(
+                    "{}: unknown output extension {ext:?}; name the file .mp3, .opus, .flac, .wav, .pcm (or .raw), or give --format ({})",
+                    path.display(),
+                    onebit_tts::audio::SUPPORTED_FORMATS
+                )
+            })?,
+        },
+    };
+    let spec = OutputSpec {
+        format,
+        sample_rate: o
+            .sample_rate
+            .unwrap_or(onebit_tts::package::CODEC_SAMPLE_RATE),
+        speed: o.speed,
+        streaming: false,
+    };
+    onebit_tts::audio::check_speed(spec.speed)?;
+    onebit_tts::audio::check_output_rate(spec.sample_rate)?;
+    Ok(spec)
+}

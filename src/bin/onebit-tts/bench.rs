@@ -1,0 +1,113 @@
+//! `bench`: synthesis speed against the real-time line, or the backbone alone with its peers.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use onebit_tts::synth::Synthesizer;
+
+use crate::args::{ModelArgs, progress_bar, synth_config};
+
+#[derive(Args, Clone)]
+pub struct BenchArgs {
+    /// Runs per case (median ± half-range are reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Voices to run (repeatable; default: the first voice, or `test`).
+    #[arg(long = "voice")]
+    pub voice: Vec<String>,
+    /// Print the report as JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG: codes/s over the run against the 50/s line, and stage shares.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Measure the backbone alone: prefill and decode speed at fixed prompt lengths.
+    #[arg(long)]
+    pub engine_only: bool,
+    /// Prompt lengths for --engine-only.
+    #[arg(long, value_delimiter = ',', default_value = "128,512,2048")]
+    pub prompt_lens: Vec<usize>,
+    /// Codes generated per --engine-only run.
+    #[arg(long, default_value_t = 128)]
+    pub new_tokens: usize,
+    /// With --engine-only: run the peers' own loops on the same prompts in the same run:
+    /// onnxruntime-genai, and llama.cpp when its Q4_0 GGUF is there (see --llama-gguf).
+    #[arg(long)]
+    pub peers: bool,
+    /// The package the peer runs (default: --model). onnxruntime-genai cannot run a speech-only
+    /// head, so compare an optimized package against its source here.
+    #[arg(long)]
+    pub peer_model: Option<PathBuf>,
+    /// The llama.cpp peer's model (default: PEER_MODEL-q4_0.gguf beside the peer package). Make
+    /// it with scripts/setup-llama-peer.sh, then tools/onnx_to_gguf.py PEER_MODEL.
+    #[arg(long)]
+    pub llama_gguf: Option<PathBuf>,
+    /// Sampling temperature of the synthesis runs (vendor default 1.0; 0 is greedy).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+}
+
+pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
+    use onebit_tts::bench;
+    let cfg = synth_config(model);
+    let bar = progress_bar(
+        quiet,
+        0,
+        "{spinner} {msg} [{pos}/{len}] [{elapsed_precise}]",
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let mut progress = |msg: &str, done: usize, total: usize| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(msg.to_owned());
+    };
+    if args.engine_only {
+        let opts = bench::peers::EngineBench {
+            prompt_lens: args.prompt_lens.clone(),
+            new_tokens: args.new_tokens,
+            runs: args.runs,
+            peers: args.peers,
+            peer_model: args.peer_model.clone(),
+            llama_gguf: args.llama_gguf.clone(),
+            peer_threads: model.threads,
+        };
+        let report = bench::peers::run_engine_bench(&cfg, &opts, &mut progress)?;
+        bar.finish_and_clear();
+        if args.json {
+            println!("{}", report.to_json());
+        } else {
+            print!("{}", report.table());
+        }
+        return Ok(());
+    }
+    let synth = Synthesizer::load(&cfg)?;
+    let voices = if args.voice.is_empty() {
+        let names = synth.voices().names();
+        vec![if names.iter().any(|n| n == "test") {
+            "test".to_owned()
+        } else {
+            names.first().cloned().unwrap_or_else(|| "test".into())
+        }]
+    } else {
+        args.voice.clone()
+    };
+    let sampling = onebit_tts::engine::SamplingParams {
+        temperature: args.temperature,
+        ..Default::default()
+    };
+    let report = bench::run(&synth, &voices, args.runs, sampling, &mut progress)?;
+    bar.finish_and_clear();
+    if let Some(p) = &args.plot {
+        std::fs::write(p, bench::svg::render(&report))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! `say`, `decode` and `prompt`: one synthesis to a file, saved codes back to audio, and the
+//! prompt a text becomes.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use onebit_tts::audio::OutputSpec;
+use onebit_tts::engine::CancelToken;
+use onebit_tts::metrics;
+use onebit_tts::package::ModelPackage;
+use onebit_tts::paths::PartialFile;
+use onebit_tts::synth::{FrontEnd, SpeechCodes, SynthEvent, Synthesizer};
+
+use crate::args::{
+    GenArgs, ModelArgs, OutArgs, output_spec, progress_bar, read_text, request, synth_config,
+};
+
+#[derive(Args)]
+pub struct SayArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub generation: GenArgs,
+    #[command(flatten)]
+    pub out: OutArgs,
+    #[arg(long, short = 'v')]
+    pub voice: String,
+    /// Output file.
+    #[arg(short, long, default_value = "out.wav")]
+    pub output: PathBuf,
+    /// Also write the speech codes (the prompt ids and codes of each piece, finish reasons,
+    /// seeds) to this JSON file; `onebit-tts decode FILE` turns it back into the same audio.
+    #[arg(long, value_name = "FILE")]
+    pub codes: Option<PathBuf>,
+    /// Print the run's numbers and its codes (the --codes fields) as JSON on stdout instead
+    /// of the summary line.
+    #[arg(long)]
+    pub json: bool,
+    /// The text; read from stdin when absent.
+    pub text: Option<String>,
+}
+
+#[derive(Args)]
+pub struct DecodeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub out: OutArgs,
+    /// Output file.
+    #[arg(short, long, default_value = "out.wav")]
+    pub output: PathBuf,
+    /// The codes document (JSON).
+    pub codes: PathBuf,
+}
+
+#[derive(Args)]
+pub struct PromptArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub generation: GenArgs,
+    #[arg(long, short = 'v')]
+    pub voice: String,
+    #[arg(long)]
+    pub json: bool,
+    pub text: String,
+}
+
+pub fn say(a: SayArgs, quiet: bool) -> Result<()> {
+    say_to(
+        &a.model,
+        &a.generation,
+        &a.out,
+        &a.voice,
+        &SayTo {
+            audio: &a.output,
+            codes: a.codes.as_deref(),
+            json: a.json,
+        },
+        a.text,
+        quiet,
+    )
+}
+
+pub fn decode(a: DecodeArgs) -> Result<()> {
+    decode_to(&a.model, &a.out, &a.codes, &a.output)
+}
+
+pub fn prompt(a: PromptArgs) -> Result<()> {
+    prompt_cmd(&a.model, &a.generation, &a.voice, a.text, a.json)
+}
+
+/// Where `say` puts what it made.
+struct SayTo<'a> {
+    audio: &'a Path,
+    codes: Option<&'a Path>,
+    /// The run's numbers and codes as JSON on stdout.
+    json: bool,
+}
+
+fn say_to(
+    model: &ModelArgs,
+    g: &GenArgs,
+    out: &OutArgs,
+    voice: &str,
+    to: &SayTo<'_>,
+    text: Option<String>,
+    quiet: bool,
+) -> Result<()> {
+    let text = read_text(text)?;
+    let output = to.audio;
+    let spec = output_spec(out, output)?;
+    let req = request(voice, text, g, spec)?;
+    let cfg = synth_config(model);
+    let synth = Synthesizer::load(&cfg)?;
+    let bar = progress_bar(
+        quiet,
+        0,
+        "{spinner} {prefix} {pos}/~{len} codes {msg} [{elapsed_precise}]",
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let started = std::time::Instant::now();
+    let mut file =
+        PartialFile::create(output).with_context(|| format!("creating {}", output.display()))?;
+    let mut write_err: Option<std::io::Error> = None;
+    let result = synth.synthesize(&req, &CancelToken::new(), &mut |ev| {
+        match ev {
+            SynthEvent::Started {
+                estimated_codes, ..
+            } => bar.set_length(estimated_codes as u64),
+            SynthEvent::Piece { index, count, .. } if count > 1 => {
+                bar.set_prefix(format!("piece {}/{count}", index + 1));
+            }
+            SynthEvent::Piece { .. } => {}
+            SynthEvent::Code { index, .. } => {
+                let n = index as u64 + 1;
+                if n > bar.length().unwrap_or(0) {
+                    bar.set_length(n);
+                }
+                bar.set_position(n);
+                if n.is_multiple_of(10) {
+                    let rate = n as f64 / started.elapsed().as_secs_f64().max(1e-9);
+                    bar.set_message(format!(
+                        "{rate:.1} codes/s ({:.2}x the 50/s line)",
+                        metrics::times_real_time(rate)
+                    ));
+                }
+            }
+            SynthEvent::Audio(bytes) => {
+                if let Err(e) = std::io::Write::write_all(&mut file, bytes) {
+                    write_err = Some(e);
+                    return ControlFlow::Break(());
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    });
+    bar.finish_and_clear();
+    let report = result?;
+    if let Some(e) = write_err {
+        return Err(e).with_context(|| format!("writing {}", file.partial_path().display()));
+    }
+    let codes = SpeechCodes::of(&synth, &req, &report)?;
+    // The codes file first: when it cannot be written, the audio is not left behind either, so a
+    // run either made everything it was asked for or nothing.
+    if let Some(path) = to.codes {
+        write_whole(path, codes.to_json().as_bytes())?;
+    }
+    file.commit()
+        .with_context(|| format!("writing {}", output.display()))?;
+    if to.json {
+        #[derive(serde::Serialize)]
+        struct SayJson<'a> {
+            output: &'a Path,
+            audio_format: String,
+            output_sample_rate: u32,
+            speed: f32,
+            bytes: usize,
+            device: String,
+            #[serde(flatten)]
+            numbers: metrics::RunNumbers,
+            #[serde(flatten)]
+            codes: &'a SpeechCodes,
+        }
+        let doc = SayJson {
+            output,
+            audio_format: req.output.format.to_string(),
+            output_sample_rate: req.output.sample_rate,
+            speed: req.output.speed,
+            bytes: report.bytes,
+            device: synth.device_label(),
+            numbers: report.numbers(),
+            codes: &codes,
+        };
+        println!("{}", serde_json::to_string(&doc)?);
+        return Ok(());
+    }
+    let n = report.numbers();
+    eprintln!(
+        "wrote {} — {:.2} s of audio, {} codes, finish {}, {:.1} codes/s ({:.2}x real time) on {}, RTF {:.3}, seed {}, prompt {} tokens",
+        output.display(),
+        n.audio_s,
+        n.codes,
+        n.finish,
+        n.codes_per_s,
+        n.x_real_time,
+        synth.device_label(),
+        n.rtf,
+        report.seed,
+        report.prompt_tokens,
+    );
+    Ok(())
+}
+
+/// Writes `bytes` to `path` whole or not at all.
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f =
+        PartialFile::create(path).with_context(|| format!("creating {}", path.display()))?;
+    std::io::Write::write_all(&mut f, bytes)
+        .and_then(|()| f.commit())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn decode_to(model: &ModelArgs, out: &OutArgs, codes_path: &Path, output: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(codes_path)
+        .with_context(|| format!("reading {}", codes_path.display()))?;
+    let codes =
+        SpeechCodes::from_json(&text).with_context(|| format!("{}", codes_path.display()))?;
+    let spec = output_spec(out, output)?;
+    let cfg = synth_config(model);
+    let codec_pkg = match &cfg.codec_dir {
+        Some(dir) => onebit_tts::package::CodecPackage::load(dir)?,
+        None => ModelPackage::load(&cfg.package_dir, None)?.codec,
+    };
+    let mut codec = onebit_tts::synth::load_codec(&cfg, &codec_pkg)?;
+    let mut file =
+        PartialFile::create(output).with_context(|| format!("creating {}", output.display()))?;
+    let mut write_err: Option<std::io::Error> = None;
+    let tally = codes.decode(&mut codec, codec_pkg.sample_rate, &spec, &mut |bytes| {
+        match std::io::Write::write_all(&mut file, bytes) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                write_err = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e).with_context(|| format!("writing {}", file.partial_path().display()));
+    }
+    file.commit()
+        .with_context(|| format!("writing {}", output.display()))?;
+    eprintln!(
+        "wrote {} — {:.2} s of audio from {} codes in {} pieces",
+        output.display(),
+        tally.samples as f64 / f64::from(codec_pkg.sample_rate) / f64::from(spec.speed),
+        codes.all_codes().count(),
+        codes.pieces.len(),
+    );
+    Ok(())
+}
+
+fn prompt_cmd(model: &ModelArgs, g: &GenArgs, voice: &str, text: String, json: bool) -> Result<()> {
+    // The prompt needs no runtime: only the package, the voice and the front end.
+    let front = FrontEnd::load(&synth_config(model))?;
+    let req = request(voice, text, g, OutputSpec::default())?;
+    let budget = front.package().genai.token_budget();
+    let (pieces, _) = front.plan(&req, budget, req.generation.min_new_tokens)?;
+    if json {
+        let list: Vec<_> = pieces
+            .iter()
+            .map(|p| {
+                serde_json::json!({"text": p.text, "prepared": p.prepared, "ids": p.ids,
+                "tokens": p.ids.len(), "estimated_codes": p.estimated_codes})
+            })
+            .collect();
+        // One piece prints as one object (the common case, and what parity scripts read).
+        let v = match list.as_slice() {
+            [one] => one.clone(),
+            _ => serde_json::json!({ "pieces": list, "budget": budget }),
+        };
+        println!("{v}");
+    } else {
+        for (i, p) in pieces.iter().enumerate() {
+            println!(
+                "piece {}/{}\ntext:     {}\nprepared: {}\ntokens:   {} (+~{} codes of a {budget}-token budget)\nids:      {:?}",
+                i + 1,
+                pieces.len(),
+                p.text,
+                p.prepared,
+                p.ids.len(),
+                p.estimated_codes,
+                p.ids
+            );
+        }
+    }
+    Ok(())
+}
