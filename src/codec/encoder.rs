@@ -93,7 +93,10 @@ impl CodecEncoder {
         let outputs = self.session.run(vec![(self.input.as_str(), input)])?;
         let out = outputs
             .get(self.output.as_str())
-            .ok_or_else(|| CodecError::Runtime("encoder gave no output".into()))?;
+            .ok_or_else(|| CodecError::NoOutput {
+                graph: "encoder",
+                output: self.output.clone(),
+            })?;
         if self.wide {
             let (_, codes) = out.try_extract_tensor::<i64>()?;
             check_codes(codes.iter().copied())

@@ -19,8 +19,20 @@ use crate::runtime::{ThreadPlan, session};
 pub enum CodecError {
     #[error("codec model {path}: {msg}")]
     Contract { path: String, msg: String },
+    /// ONNX Runtime's own error message (opaque text: its C API gives nothing more).
     #[error("codec: onnx runtime: {0}")]
     Runtime(String),
+    /// The session ran but its output named in the contract was not among the results.
+    #[error("codec: the {graph} gave no output {output:?}")]
+    NoOutput { graph: &'static str, output: String },
+    /// The decoder returned a length other than `codes * hop`: later audio would shift, so it is
+    /// refused rather than padded.
+    #[error("codec: {codes} codes decoded to {got} samples, expected {expected}")]
+    WrongLength {
+        codes: usize,
+        expected: usize,
+        got: usize,
+    },
     #[error("code {0} is outside 0..65535")]
     CodeOutOfRange(u32),
     #[error("the encoder gave code {code} at index {index}, outside 0..65535")]
@@ -166,15 +178,17 @@ impl CodecDecoder {
         let outputs = self.session.run(vec![(self.input.as_str(), input)])?;
         let out = outputs
             .get(self.output.as_str())
-            .ok_or_else(|| CodecError::Runtime("decoder gave no output".into()))?;
+            .ok_or_else(|| CodecError::NoOutput {
+                graph: "decoder",
+                output: self.output.clone(),
+            })?;
         let (_, samples) = out.try_extract_tensor::<f32>()?;
         if samples.len() != codes.len() * self.hop {
-            return Err(CodecError::Runtime(format!(
-                "{} codes decoded to {} samples, expected {}",
-                codes.len(),
-                samples.len(),
-                codes.len() * self.hop
-            )));
+            return Err(CodecError::WrongLength {
+                codes: codes.len(),
+                expected: codes.len() * self.hop,
+                got: samples.len(),
+            });
         }
         Ok(samples.to_vec())
     }

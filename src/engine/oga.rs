@@ -887,9 +887,10 @@ impl OgaBackbone {
         // SAFETY: `n` tokens at `out`.
         let picked = (!out.is_null() && n > 0).then(|| unsafe { *out });
         if picked != Some(token as i32) {
-            return Err(EngineError::Runtime(format!(
-                "onnxruntime-genai selected {picked:?} instead of the forced token {token}"
-            )));
+            return Err(EngineError::Oga {
+                call: "OgaGenerator_GetNextTokens",
+                message: format!("selected {picked:?} instead of the forced token {token}"),
+            });
         }
         self.read_logits(g)
     }

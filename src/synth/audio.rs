@@ -245,8 +245,16 @@ fn decode_i32(codec: &RefCell<&mut CodecDecoder>, codes: &[i32]) -> Result<Vec<f
 }
 
 fn stream_error(e: StreamError<CodecError>) -> SynthError {
-    match e {
-        StreamError::Decode(e) => SynthError::Codec(e),
-        other => SynthError::Codec(CodecError::Runtime(other.to_string())),
-    }
+    SynthError::Codec(match e {
+        StreamError::Decode(e) => e,
+        StreamError::WrongLength {
+            codes,
+            expected,
+            got,
+        } => CodecError::WrongLength {
+            codes,
+            expected,
+            got,
+        },
+    })
 }
