@@ -7,7 +7,7 @@ pub mod peers;
 pub mod svg;
 
 use std::ops::ControlFlow;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -37,22 +37,8 @@ pub struct Run {
     pub case: String,
     pub voice: String,
     pub run: usize,
-    pub codes: usize,
-    /// `stop` (the end token), `length` (a piece reached its code limit) or `cancelled`.
-    pub finish: &'static str,
-    pub prompt_tokens: usize,
-    pub audio_s: f64,
-    pub codes_per_s: f64,
-    pub x_real_time: f64,
-    pub rtf: f64,
-    pub prefill_tok_per_s: f64,
-    pub first_audio_ms: Option<f64>,
-    pub front_end_ms: f64,
-    pub prefill_ms: f64,
-    pub decode_ms: f64,
-    pub codec_ms: f64,
-    pub encode_ms: f64,
-    pub total_ms: f64,
+    #[serde(flatten)]
+    pub numbers: metrics::RunNumbers,
     /// Seconds since the bench started when each tenth code came (codes/s over the run).
     pub code_times_s: Vec<f64>,
 }
@@ -133,10 +119,6 @@ pub struct Report {
     pub cases: Vec<CaseSummary>,
     pub peak_rss_mb: f64,
     pub model_files_mb: f64,
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// Peak resident memory of this process (VmHWM), in MiB.
@@ -233,28 +215,11 @@ pub fn run(
                     }
                     ControlFlow::Continue(())
                 })?;
-                let t = &report.timings;
-                let cps = metrics::codes_per_second(report.codes.len(), t.decode);
                 all.push(Run {
                     case: (*case).to_owned(),
                     voice: voice.clone(),
                     run: r,
-                    codes: report.codes.len(),
-                    finish: report.stop.finish_reason(),
-                    prompt_tokens: report.prompt_tokens,
-                    audio_s: report.audio_seconds(),
-                    codes_per_s: cps,
-                    x_real_time: metrics::times_real_time(cps),
-                    rtf: metrics::rtf(t.total, report.audio_seconds()),
-                    prefill_tok_per_s: report.prompt_tokens as f64
-                        / t.prefill.as_secs_f64().max(1e-9),
-                    first_audio_ms: t.first_audio.map(ms),
-                    front_end_ms: ms(t.front_end),
-                    prefill_ms: ms(t.prefill),
-                    decode_ms: ms(t.decode),
-                    codec_ms: ms(t.codec),
-                    encode_ms: ms(t.encode),
-                    total_ms: ms(t.total),
+                    numbers: report.numbers(),
                     code_times_s: code_times,
                 });
                 done += 1;
@@ -275,18 +240,18 @@ pub fn run(
                 case: (*case).to_owned(),
                 voice: voice.clone(),
                 runs: rs.len(),
-                codes: stat(&|r| r.codes as f64),
-                codes_per_s: stat(&|r| r.codes_per_s),
-                x_real_time: stat(&|r| r.x_real_time),
-                rtf: stat(&|r| r.rtf),
-                prefill_tok_per_s: stat(&|r| r.prefill_tok_per_s),
-                first_audio_ms: stat(&|r| r.first_audio_ms.unwrap_or(0.0)),
+                codes: stat(&|r| r.numbers.codes as f64),
+                codes_per_s: stat(&|r| r.numbers.codes_per_s),
+                x_real_time: stat(&|r| r.numbers.x_real_time),
+                rtf: stat(&|r| r.numbers.rtf),
+                prefill_tok_per_s: stat(&|r| r.numbers.prefill_tok_per_s),
+                first_audio_ms: stat(&|r| r.numbers.first_audio_ms.unwrap_or(0.0)),
                 stage_ms: StageStats {
-                    front_end: stat(&|r| r.front_end_ms),
-                    prefill: stat(&|r| r.prefill_ms),
-                    decode: stat(&|r| r.decode_ms),
-                    codec: stat(&|r| r.codec_ms),
-                    encode: stat(&|r| r.encode_ms),
+                    front_end: stat(&|r| r.numbers.front_end_ms),
+                    prefill: stat(&|r| r.numbers.prefill_ms),
+                    decode: stat(&|r| r.numbers.decode_ms),
+                    codec: stat(&|r| r.numbers.codec_ms),
+                    encode: stat(&|r| r.numbers.encode_ms),
                 },
             });
         }
@@ -343,7 +308,11 @@ impl Report {
             ));
         }
         // A run cut at its code limit measured a model that did not stop: say so under the table.
-        let cut = self.runs.iter().filter(|r| r.finish == "length").count();
+        let cut = self
+            .runs
+            .iter()
+            .filter(|r| r.numbers.finish == "length")
+            .count();
         if cut > 0 {
             s.push_str(&format!(
                 "\n{cut} of {} runs ended at their code limit without the end token (finish reason length)\n",

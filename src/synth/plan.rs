@@ -185,21 +185,20 @@ impl FrontEnd {
                 },
             )
         };
+        let piece = |text: String, prepared: String| -> Result<Piece, SynthError> {
+            Ok(Piece {
+                text,
+                ids: build(&prepared)?,
+                estimated_codes: estimate(&prepared),
+                max_codes: code_budget(&prepared),
+                prepared,
+            })
+        };
         let whole = text::normalize(&req.text)?;
         let prepared = self.prepare_text(&whole, format, lang)?;
-        let ids = build(&prepared)?;
-        let est = estimate(&prepared);
-        if ids.len() + est <= budget {
-            return Ok((
-                vec![Piece {
-                    text: whole,
-                    max_codes: code_budget(&prepared),
-                    prepared,
-                    ids,
-                    estimated_codes: est,
-                }],
-                voice,
-            ));
+        let one = piece(whole.clone(), prepared)?;
+        if one.ids.len() + one.estimated_codes <= budget {
+            return Ok((vec![one], voice));
         }
 
         // Units small enough to fit alone, each with its prepared text.
@@ -295,30 +294,14 @@ impl FrontEnd {
                     if fits(&mp)?.0 {
                         (format!("{ct} {t}"), mp)
                     } else {
-                        let ids = build(&cp)?;
-                        let estimated_codes = estimate(&cp);
-                        pieces.push(Piece {
-                            text: ct,
-                            max_codes: code_budget(&cp),
-                            prepared: cp,
-                            ids,
-                            estimated_codes,
-                        });
+                        pieces.push(piece(ct, cp)?);
                         (t, p)
                     }
                 }
             });
         }
         if let Some((ct, cp)) = cur {
-            let ids = build(&cp)?;
-            let estimated_codes = estimate(&cp);
-            pieces.push(Piece {
-                text: ct,
-                max_codes: code_budget(&cp),
-                prepared: cp,
-                ids,
-                estimated_codes,
-            });
+            pieces.push(piece(ct, cp)?);
         }
         Ok((pieces, voice))
     }
