@@ -1,3 +1,6 @@
+//! The languages the phoneme front end speaks: parsing their names (with the short aliases) and
+//! the espeak-ng language code of each.
+
 use std::fmt;
 use std::str::FromStr;
 

@@ -1,3 +1,5 @@
+//! FLAC encoding (flacenc, pure Rust): 16-bit mono frames, streamable as they are made.
+
 use flacenc::bitsink::MemSink;
 use flacenc::component::{BitRepr, Stream, StreamInfo};
 use flacenc::error::{Verified, Verify};

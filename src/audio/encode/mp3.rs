@@ -1,3 +1,5 @@
+//! MP3 encoding (LAME): the rates an MP3 stream can carry and the constant bitrate for each.
+
 use std::num::NonZeroU32;
 
 use mp3lame_encoder::{Bitrate, Builder, FlushGap, Mode, MonoPcm, Quality};

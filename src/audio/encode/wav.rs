@@ -1,3 +1,6 @@
+//! WAV (16-bit mono PCM): the header with the real length for a whole file, or the unknown-length
+//! header a stream sends.
+
 use crate::audio::AudioError;
 use crate::audio::format::AudioFormat;
 use crate::audio::pcm::push_s16le;
