@@ -59,6 +59,21 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message).code("engine_unavailable")
     }
 
+    pub fn shutting_down() -> Self {
+        Self::unavailable("the server is shutting down").code("shutting_down")
+    }
+
+    pub fn timed_out(timeout: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "the request ran past the {:.3} s timeout (request_timeout)",
+                timeout.as_secs_f64()
+            ),
+        )
+        .code("timeout")
+    }
+
     pub fn body(&self) -> serde_json::Value {
         serde_json::json!({"error": {
             "message": self.message,
