@@ -18,7 +18,7 @@ use onebit_tts::engine::{
 use onebit_tts::metrics;
 use onebit_tts::package::{ModelPackage, optimize};
 use onebit_tts::prompt::InputFormat;
-use onebit_tts::server::ServerConfig;
+use onebit_tts::server::ServeArgs;
 use onebit_tts::synth::{
     EngineKind, FrontEnd, SpeechRequest, SynthConfig, SynthEvent, Synthesizer, resolve_dir,
 };
@@ -776,31 +776,9 @@ fn say(
     Ok(())
 }
 
-#[derive(Args, Clone)]
-struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, env = "ONEBIT_HOST", default_value = "127.0.0.1")]
-    host: std::net::IpAddr,
-    #[arg(long, env = "ONEBIT_PORT", default_value_t = 8880)]
-    port: u16,
-    /// Requests that may wait while one runs; more get 429.
-    #[arg(long, env = "ONEBIT_QUEUE_DEPTH", default_value_t = 8)]
-    queue_depth: usize,
-    /// Largest request body in bytes (413 above).
-    #[arg(long, env = "ONEBIT_MAX_BODY_BYTES", default_value_t = 65_536)]
-    max_body_bytes: usize,
-    /// Longest `input` in characters (400 above).
-    #[arg(long, env = "ONEBIT_MAX_INPUT_CHARS", default_value_t = 4096)]
-    max_input_chars: usize,
-    /// Seconds a request may run before it is cancelled.
-    #[arg(long, env = "ONEBIT_REQUEST_TIMEOUT_S", default_value_t = 300)]
-    request_timeout_s: u64,
-    /// Seconds in-flight requests may run on after SIGINT/SIGTERM.
-    #[arg(long, env = "ONEBIT_SHUTDOWN_GRACE_S", default_value_t = 30)]
-    shutdown_grace_s: u64,
-}
-
 fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
+    // Checked before the model loads (minutes, for a large one): keys, limits, exposure.
+    let mut server_cfg = args.config(String::new())?;
     let mut cfg = synth_config(model);
     cfg.max_input_chars = args.max_input_chars;
     let synth = std::sync::Arc::new(Synthesizer::load(&cfg)?);
@@ -811,16 +789,7 @@ fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
         voices = synth.voices().names().len(),
         "model loaded"
     );
-    let server_cfg = ServerConfig {
-        addr: std::net::SocketAddr::new(args.host, args.port),
-        queue_depth: args.queue_depth,
-        max_body_bytes: args.max_body_bytes,
-        max_input_chars: args.max_input_chars,
-        request_timeout: Duration::from_secs(args.request_timeout_s),
-        shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
-        retry_after_s: 1,
-        device: synth.device_label(),
-    };
+    server_cfg.device = synth.device_label();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -6,13 +6,15 @@
 //! within one code and the next request starts. On shutdown the listener closes, in-flight requests
 //! get a grace period, then are cancelled, and [`serve_on`] returns once the engine is idle.
 //!
-//! By concern: `config` (limits and knobs), `schema` (the request body and its validation),
-//! `admission` (places in the queue), `runner` (a request on the engine), `stream` (response
-//! framing: headers, raw and SSE bodies), `routes` (the router and handlers), `shutdown` (serving a
-//! listener and stopping), `errors` (every OpenAI error shape), `metrics`.
+//! By concern: `config` (limits, knobs and the `serve` flags), `conn` (one connection: timeouts,
+//! the connection limit, its shutdown), `schema` (the request body and its validation),
+//! `admission` (Host, keys, CORS and places in the queue), `runner` (a request on the engine), `stream` (response
+//! framing: headers, raw and SSE bodies), `routes` (the router and handlers), `shutdown` (the accept
+//! loop and stopping), `errors` (every OpenAI error shape), `metrics`.
 
 mod admission;
 mod config;
+mod conn;
 mod errors;
 mod metrics;
 mod routes;
@@ -27,11 +29,11 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
 
-pub use config::ServerConfig;
+pub use config::{ConfigError, ServeArgs, ServerConfig};
 pub use errors::ApiError;
 pub use metrics::Metrics;
 pub use routes::router;
-pub use shutdown::{serve, serve_on};
+pub use shutdown::{ServeError, serve, serve_on};
 
 use crate::engine::CancelToken;
 use crate::synth::Synthesizer;

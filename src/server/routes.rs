@@ -10,15 +10,16 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 
-use super::admission::{Admission, CancelOnDrop};
+use super::admission::{Admission, CancelOnDrop, check_host, check_key, cors};
 use super::errors::ApiError;
 use super::metrics::Metrics;
-use super::runner::{Chunk, run_job};
+use super::runner::{CHUNKS_IN_FLIGHT, Chunk, run_job};
 use super::schema::{StreamFormat, check_content_type, parse_body, read_body};
 use super::stream::{add_report_headers, response_stream};
 use super::{AppState, ServerConfig};
@@ -42,7 +43,7 @@ pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<
         shutting_down: AtomicBool::new(false),
         cfg,
     });
-    let router = Router::new()
+    let mut router = Router::new()
         .route("/v1/audio/speech", post(speech))
         .route("/v1/audio/voices", get(voices))
         .route("/v1/models", get(models))
@@ -50,20 +51,24 @@ pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<
         .route("/metrics", get(metrics_route))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Layers run last-added first: Host, then CORS (which answers preflights, sent without
+        // credentials), then the key.
+        .layer(middleware::from_fn_with_state(state.clone(), check_key));
+    if let Some(cors) = cors(&state.cfg.cors_origins) {
+        router = router.layer(cors);
+    }
+    let router = router
+        .layer(middleware::from_fn_with_state(state.clone(), check_host))
         .with_state(state.clone());
     (router, state)
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "no such route").code("not_found")
+    ApiError::not_found()
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "this route does not take that method",
-    )
-    .code("method_not_allowed")
+    ApiError::method_not_allowed()
 }
 
 async fn voices(State(st): State<Arc<AppState>>) -> Response {
@@ -149,25 +154,36 @@ async fn speech(State(st): State<Arc<AppState>>, request: Request) -> Response {
     }
 }
 
+/// Errors before admission are rejections; after it the runner counts why a request ended.
+async fn before_queue<T>(st: &AppState, r: Result<T, ApiError>) -> Result<T, ApiError> {
+    if let Err(e) = &r {
+        st.metrics.rejected(e.code);
+    }
+    r
+}
+
 async fn speech_inner(
     st: &Arc<AppState>,
     arrived: Instant,
     request: Request,
 ) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
-    check_content_type(&parts.headers)?;
-    let bytes = read_body(st, &parts.headers, body).await?;
-    let (req, stream) = parse_body(st, &bytes)?;
-    if st.shutting_down.load(Ordering::SeqCst) {
-        return Err(ApiError::shutting_down());
-    }
-
     let token = CancelToken::new();
-    let Some(admission) = Admission::try_new(st, &token) else {
-        return Err(ApiError::busy(st.cfg.retry_after_s, st.cfg.queue_depth));
-    };
+    let checked = async {
+        check_content_type(&parts.headers)?;
+        let bytes = read_body(st, &parts.headers, body).await?;
+        let (req, stream) = parse_body(st, &bytes)?;
+        if st.shutting_down.load(Ordering::SeqCst) {
+            return Err(ApiError::shutting_down());
+        }
+        let admission = Admission::try_new(st, &token)
+            .ok_or_else(|| ApiError::busy(st.cfg.retry_after_s, st.cfg.queue_depth))?;
+        Ok((req, stream, admission))
+    }
+    .await;
+    let (req, stream, admission) = before_queue(st, checked).await?;
     let guard = CancelOnDrop(token.clone());
-    let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
+    let (tx, mut rx) = mpsc::channel::<Chunk>(CHUNKS_IN_FLIGHT);
     let content_type = req.output.format.content_type();
     let deadline = arrived + st.cfg.request_timeout;
     tokio::spawn(run_job(st.clone(), req, token, tx, admission, deadline));
@@ -177,6 +193,8 @@ async fn speech_inner(
             let mut body = Vec::new();
             loop {
                 match rx.recv().await {
+                    // A whole WAV, FLAC or MP3 comes as one chunk: keep it, do not copy it.
+                    Some(Chunk::Bytes(b)) if body.is_empty() => body = b,
                     Some(Chunk::Bytes(b)) => body.extend_from_slice(&b),
                     Some(Chunk::Done(Ok(report))) => {
                         st.metrics.request(200);

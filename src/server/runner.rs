@@ -20,46 +20,77 @@ pub(super) enum Chunk {
     Done(Result<SynthesisReport, ApiError>),
 }
 
+/// Chunks that may wait between the synthesis and the response body. The synthesis blocks when
+/// they are all waiting, so a client that reads slowly slows its generation instead of growing
+/// the server's memory; one that stops reading is cut off by the write timeout.
+pub(super) const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// Bytes of 16-bit mono audio per speech code at `rate` and `speed` (a code is 20 ms at the
+/// codec's rate); what a whole response's size is counted in against `max_response_bytes`.
+fn bytes_per_code(rate: u32, speed: f32) -> f64 {
+    crate::package::CODEC_HOP as f64 * 2.0 * f64::from(rate)
+        / f64::from(crate::package::CODEC_SAMPLE_RATE)
+        / f64::from(speed)
+}
+
 /// Waits for the engine, then runs the synthesis on a blocking thread, sending chunks. Ends early
-/// when the client goes away while waiting, and cancels the generation at the deadline.
+/// when the client goes away while waiting, and cancels the generation at the deadline. Every
+/// way an admitted request ends without its audio is counted by reason.
 pub(super) async fn run_job(
     st: Arc<AppState>,
     req: SpeechRequest,
     token: CancelToken,
-    tx: mpsc::UnboundedSender<Chunk>,
+    tx: mpsc::Sender<Chunk>,
     mut admission: Admission,
     deadline: Instant,
 ) {
     let timeout = st.cfg.request_timeout;
     let permit = tokio::select! {
         p = st.gate.clone().acquire_owned() => p,
-        _ = tx.closed() => return,
+        _ = tx.closed() => {
+            st.metrics.dropped("client_gone_queued");
+            return;
+        }
         _ = tokio::time::sleep_until(deadline) => {
-            let _ = tx.send(Chunk::Done(Err(ApiError::timed_out(timeout))));
+            st.metrics.dropped("timeout_queued");
+            let _ = tx.send(Chunk::Done(Err(ApiError::timed_out(timeout)))).await;
             return;
         }
     };
     let Ok(permit) = permit else {
-        let _ = tx.send(Chunk::Done(Err(ApiError::shutting_down())));
+        st.metrics.dropped("shutdown");
+        let _ = tx.send(Chunk::Done(Err(ApiError::shutting_down()))).await;
         return;
     };
     if token.is_cancelled() {
         // Cancelled while waiting: by shutdown (a gone client closes the channel instead).
-        let _ = tx.send(Chunk::Done(Err(ApiError::shutting_down())));
+        st.metrics.dropped("shutdown");
+        let _ = tx.send(Chunk::Done(Err(ApiError::shutting_down()))).await;
         return;
     }
     admission.start();
     let st2 = st.clone();
     let tx2 = tx.clone();
     let token2 = token.clone();
+    // A whole response is held until it is complete: past the cap, stop generating and refuse.
+    let cap = (!req.output.streaming).then(|| {
+        let per_code = bytes_per_code(req.output.sample_rate, req.output.speed);
+        (st.cfg.max_response_bytes as f64 / per_code).floor() as usize
+    });
+    let (out_rate, speed) = (req.output.sample_rate, req.output.speed);
     let mut job = tokio::task::spawn_blocking(move || {
-        st2.synth.synthesize(&req, &token2, &mut |ev| match ev {
+        let mut too_large = false;
+        let result = st2.synth.synthesize(&req, &token2, &mut |ev| match ev {
             SynthEvent::Audio(bytes) if !bytes.is_empty() => {
-                if tx2.send(Chunk::Bytes(bytes.to_vec())).is_err() {
+                if tx2.blocking_send(Chunk::Bytes(bytes.to_vec())).is_err() {
                     ControlFlow::Break(())
                 } else {
                     ControlFlow::Continue(())
                 }
+            }
+            SynthEvent::Code { index, .. } if cap.is_some_and(|cap| index >= cap) => {
+                too_large = true;
+                ControlFlow::Break(())
             }
             _ => {
                 if tx2.is_closed() {
@@ -68,7 +99,8 @@ pub(super) async fn run_job(
                     ControlFlow::Continue(())
                 }
             }
-        })
+        });
+        (result, too_large)
     });
     let mut deadline_passed = false;
     let result = tokio::select! {
@@ -81,7 +113,7 @@ pub(super) async fn run_job(
     };
     drop(permit);
     let done = match result {
-        Ok(Ok(report)) => {
+        Ok((Ok(report), too_large)) => {
             let cancelled = report.stop == StopReason::Cancelled;
             st.metrics.generated(
                 report.codes.len(),
@@ -90,24 +122,43 @@ pub(super) async fn run_job(
                 report.stop,
             );
             if deadline_passed && cancelled {
+                st.metrics.dropped("timeout_running");
                 Err(ApiError::timed_out(timeout))
+            } else if cancelled && too_large {
+                st.metrics.dropped("response_too_large");
+                let codes = cap.unwrap_or_default() as f64;
+                let seconds = codes * crate::package::CODEC_HOP as f64
+                    / f64::from(crate::package::CODEC_SAMPLE_RATE)
+                    / f64::from(speed);
+                Err(ApiError::response_too_large(
+                    st.cfg.max_response_bytes,
+                    seconds,
+                    out_rate,
+                ))
             } else if cancelled && st.shutting_down.load(Ordering::SeqCst) {
+                st.metrics.dropped("shutdown");
                 Err(ApiError::shutting_down())
             } else if cancelled {
-                // The client went away: nobody reads this.
-                Err(ApiError::unavailable("the request was cancelled").code("cancelled"))
+                // The client went away (or stopped reading past the write timeout): nobody
+                // reads this.
+                st.metrics.dropped("client_gone_running");
+                Err(ApiError::cancelled())
             } else {
                 Ok(report)
             }
         }
-        Ok(Err(e)) => {
+        Ok((Err(e), _)) => {
             tracing::warn!("request failed: {e}");
+            st.metrics.dropped("engine_failed");
             Err(ApiError::from(e))
         }
-        Err(e) => Err(ApiError::unavailable(format!(
-            "the synthesis job failed: {e}"
-        ))),
+        Err(e) => {
+            st.metrics.dropped("engine_failed");
+            Err(ApiError::unavailable(format!(
+                "the synthesis job failed: {e}"
+            )))
+        }
     };
     drop(admission);
-    let _ = tx.send(Chunk::Done(done));
+    let _ = tx.send(Chunk::Done(done)).await;
 }

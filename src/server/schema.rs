@@ -3,7 +3,7 @@
 //! [`SpeechRequest`] for the synthesizer.
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use futures_util::StreamExt as _;
 use serde::Deserialize;
 
@@ -11,7 +11,7 @@ use super::AppState;
 use super::errors::ApiError;
 use crate::audio::{AudioFormat, OutputSpec};
 use crate::engine::{GenerationParams, SamplingParams};
-use crate::synth::SpeechRequest;
+use crate::synth::{SpeechRequest, SynthError};
 use crate::text::Language;
 
 /// `voice`: a name, or OpenAI's custom-voice object `{"id": NAME}`.
@@ -71,22 +71,23 @@ pub(super) enum StreamFormat {
 
 /// Most bytes of an oversized body read and thrown away before the 413 is sent: a client that is
 /// still sending when the server closes would see a reset instead of the answer.
-pub(super) const DRAIN_CAP: u64 = 1 << 20;
+const DRAIN_CAP: u64 = 1 << 20;
 
-/// Reads the body up to the limit: 413 past it, 400 when the client breaks off.
+/// Reads the body up to the limit within `body_timeout`: 413 past the limit, 408 past the time,
+/// 400 when the client breaks off.
 pub(super) async fn read_body(
     st: &AppState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Bytes, ApiError> {
     let limit = st.cfg.max_body_bytes;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the body is larger than {limit} bytes (max_body_bytes)"),
-        )
-        .code("body_too_large")
-    };
+    let timeout = st.cfg.body_timeout;
+    tokio::time::timeout(timeout, read_limited(limit, headers, body))
+        .await
+        .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout)))
+}
+
+async fn read_limited(limit: usize, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -96,19 +97,14 @@ pub(super) async fn read_body(
         if declared.is_some_and(|n| n <= DRAIN_CAP) {
             drain(&mut stream, 0).await;
         }
-        return Err(too_large());
+        return Err(ApiError::body_too_large(limit));
     }
     let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize));
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("could not read the body: {e}"),
-            )
-        })?;
+        let chunk = chunk.map_err(ApiError::body_unreadable)?;
         if out.len() + chunk.len() > limit {
             drain(&mut stream, (out.len() + chunk.len()) as u64).await;
-            return Err(too_large());
+            return Err(ApiError::body_too_large(limit));
         }
         out.extend_from_slice(&chunk);
     }
@@ -116,7 +112,7 @@ pub(super) async fn read_body(
 }
 
 /// Reads and drops the rest of a body, up to [`DRAIN_CAP`] bytes in all.
-pub(super) async fn drain(stream: &mut axum::body::BodyDataStream, mut seen: u64) {
+async fn drain(stream: &mut axum::body::BodyDataStream, mut seen: u64) {
     while seen <= DRAIN_CAP {
         match stream.next().await {
             Some(Ok(chunk)) => seen += chunk.len() as u64,
@@ -125,94 +121,65 @@ pub(super) async fn drain(stream: &mut axum::body::BodyDataStream, mut seen: u64
     }
 }
 
+/// JSON endpoints take `application/json` only (parameters such as `charset` aside): a browser
+/// page can send a form or `text/plain` to any address without asking (no CORS preflight), but
+/// not JSON, so refusing the rest keeps other sites' pages from using a local server.
 pub(super) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    // A missing Content-Type is taken as JSON (curl -d without -H sends form encoding, which is
-    // named and refused).
-    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
-        return Ok(());
-    };
-    let ct = ct.to_str().unwrap_or("");
-    let mime = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("(not text)"))
+        .unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim();
+    if mime.eq_ignore_ascii_case("application/json") {
         return Ok(());
     }
-    Err(ApiError::new(
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        format!("the body must be JSON (Content-Type: application/json), got {ct:?}"),
-    )
-    .code("unsupported_media_type"))
+    Err(ApiError::unsupported_media_type(if ct.is_empty() {
+        "(none)"
+    } else {
+        ct
+    }))
 }
 
 pub(super) fn parse_body(
     st: &AppState,
     bytes: &[u8],
 ) -> Result<(SpeechRequest, StreamFormat), ApiError> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("the body is not valid JSON: {e}"),
-        )
-        .code("invalid_json")
-    })?;
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(ApiError::invalid_json)?;
     if !value.is_object() {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "the body must be a JSON object",
-        )
-        .code("invalid_type"));
+        return Err(ApiError::invalid_type("the body must be a JSON object"));
     }
-    let body: SpeechBody = serde_json::from_value(value).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("invalid request body: {e}"),
-        )
-        .code("invalid_type")
-    })?;
+    let body: SpeechBody = serde_json::from_value(value)
+        .map_err(|e| ApiError::invalid_type(format!("invalid request body: {e}")))?;
 
     if body.input.trim().is_empty() {
-        return Err(ApiError::bad("input", "input is empty").code("empty_input"));
+        return Err(ApiError::empty_input());
     }
     let chars = body.input.chars().count();
     if chars > st.cfg.max_input_chars {
-        return Err(ApiError::bad(
-            "input",
-            format!(
-                "input has {chars} characters; the limit is {} (max_input_chars)",
-                st.cfg.max_input_chars
-            ),
-        )
-        .code("input_too_long"));
+        return Err(ApiError::input_too_long(chars, st.cfg.max_input_chars));
     }
     let voice = match body.voice {
         VoiceField::Name(n) | VoiceField::Object { id: n } => n,
     };
     if let Err(e) = st.synth.voices().get(&voice) {
-        return Err(ApiError::bad("voice", e.to_string()).code("unknown_voice"));
+        return Err(SynthError::Voice(e).into());
     }
     let format = match body.response_format.as_deref() {
         None => AudioFormat::Mp3,
-        Some(f) => f.parse::<AudioFormat>().map_err(|e| {
-            ApiError::bad("response_format", e.to_string()).code("unsupported_format")
-        })?,
+        Some(f) => AudioFormat::from_openai_name(f)?,
     };
     let speed = body.speed.unwrap_or(1.0);
-    crate::audio::check_speed(speed).map_err(|e| ApiError::bad("speed", e.to_string()))?;
+    crate::audio::check_speed(speed)?;
     let sample_rate = body
         .sample_rate
         .unwrap_or(crate::package::CODEC_SAMPLE_RATE);
-    crate::audio::check_output_rate(sample_rate)
-        .map_err(|e| ApiError::bad("sample_rate", e.to_string()))?;
+    crate::audio::check_output_rate(sample_rate)?;
     let stream = match body.stream_format.as_deref() {
         None => StreamFormat::None,
         Some("audio") => StreamFormat::Audio,
         Some("sse") => StreamFormat::Sse,
         Some(other) => {
-            return Err(ApiError::bad(
+            return Err(ApiError::invalid_value(
                 "stream_format",
                 format!("unknown stream_format {other:?} (supported: audio, sse)"),
             ));
@@ -222,8 +189,7 @@ pub(super) fn parse_body(
         .language
         .as_deref()
         .map(str::parse::<Language>)
-        .transpose()
-        .map_err(|e| ApiError::bad("language", e.to_string()))?;
+        .transpose()?;
     let defaults = SamplingParams::default();
     let sampling = SamplingParams {
         temperature: body.temperature.unwrap_or(defaults.temperature),
@@ -231,18 +197,9 @@ pub(super) fn parse_body(
         top_p: body.top_p.unwrap_or(defaults.top_p),
         seed: body.seed,
     };
-    if let Err(e) = sampling.validate() {
-        let param = if e.starts_with("temperature") {
-            "temperature"
-        } else if e.starts_with("top_p") {
-            "top_p"
-        } else {
-            "top_k"
-        };
-        return Err(ApiError::bad(param, e));
-    }
+    sampling.validate()?;
     if body.max_new_tokens == Some(0) {
-        return Err(ApiError::bad(
+        return Err(ApiError::invalid_value(
             "max_new_tokens",
             "max_new_tokens must be at least 1",
         ));

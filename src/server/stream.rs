@@ -53,7 +53,7 @@ pub(super) fn add_report_headers(h: &mut HeaderMap, report: &SynthesisReport) {
 /// The streamed body: raw bytes, or SSE events. Errors after the start end the stream: raw audio
 /// aborts the transfer (so a client never takes a cut file for a whole one), SSE sends an error event.
 pub(super) fn response_stream(
-    rx: mpsc::UnboundedReceiver<Chunk>,
+    rx: mpsc::Receiver<Chunk>,
     guard: CancelOnDrop,
     sse: bool,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
