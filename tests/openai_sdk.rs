@@ -1,7 +1,8 @@
 //! The real `onebit-tts serve` binary as a child process on loopback, with an API key set: the
 //! official OpenAI Python SDK (PyPI `openai`, installed by scripts/setup.sh into .onebit/venv)
 //! must pass every check of tests/python/openai_client.py (a wrong key refused too), then SIGTERM
-//! stops the server with exit 0; and clients that never read must not grow its memory beyond
+//! stops the server with exit 0; the official Node SDK (npm `openai`, in .onebit/node) every
+//! check of tests/node/openai_client.js; and clients that never read must not grow its memory beyond
 //! the documented bound (VmRSS of the child).
 
 mod common;
@@ -177,6 +178,50 @@ fn the_openai_python_sdk_gets_valid_audio_in_every_format() {
         "server stopped {:.0} ms after SIGTERM",
         sent.elapsed().as_secs_f64() * 1e3
     );
+}
+
+/// The Node SDK installed by scripts/setup.sh.
+fn node_modules() -> PathBuf {
+    let dir = common::repo().join(".onebit/node/node_modules");
+    assert!(
+        dir.join("openai/package.json").is_file(),
+        "{} has no openai package: run scripts/setup.sh (it installs the Node SDK)",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn the_openai_node_sdk_gets_valid_audio_with_a_key() {
+    let modules = node_modules();
+    let dir = common::tempdir("openai-node");
+    let server_log = dir.join("server.log");
+    let (_server, addr) = start_server("tiny", &[], &server_log);
+    let codes = common::expect("tiny")["test_voice_greedy_codes"]
+        .as_u64()
+        .unwrap();
+    let out = Command::new("node")
+        .arg(common::repo().join("tests/node/openai_client.js"))
+        .args(["--base-url", &format!("http://{addr}/v1")])
+        .args(["--expect-samples", &(codes * 480).to_string()])
+        .env("NODE_PATH", &modules)
+        .env("OPENAI_API_KEY", KEY)
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .output()
+        .expect("node runs (scripts/setup.sh checks that it is installed)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "openai_client.js failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log(&server_log)
+    );
+    let summary = stdout.lines().last().unwrap_or("");
+    assert_eq!(summary, "9 passed, 0 failed");
 }
 
 /// Resident memory of a process in bytes (`VmRSS` of /proc/PID/status).
