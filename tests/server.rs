@@ -1951,3 +1951,52 @@ async fn a_whole_response_over_max_response_bytes_is_refused_and_a_stream_is_not
     );
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_nobody_reads_frees_the_engine_at_the_request_timeout() {
+    use tokio::io::AsyncWriteExt;
+    // The write timeout is far away: only the request's deadline can stop this stream.
+    let cfg = ServerConfig {
+        request_timeout: Duration::from_millis(1500),
+        write_timeout: Duration::from_secs(120),
+        ..config()
+    };
+    let s = Server::start(tiny_random(), cfg).await;
+    let c = client();
+    let req = json!({"model": "tiny-random", "voice": "test", "input": LONG_TEXT, "seed": 1,
+        "response_format": "pcm", "sample_rate": 48000, "speed": 0.5,
+        "stream_format": "audio", "max_new_tokens": 3000})
+    .to_string();
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    conn.write_all(
+        format!(
+            "POST /v1/audio/speech HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{req}",
+            req.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let text = wait_metric(
+        &c,
+        &s,
+        "onebit_requests_dropped_total{reason=\"timeout_running\"}",
+        |v| v == 1.0,
+    )
+    .await;
+    assert_eq!(metric(&text, "onebit_running"), 0.0);
+    assert!(
+        metric(&text, "onebit_codes_generated_total") < 3000.0,
+        "{text}"
+    );
+    // The engine is free for the next request.
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"response_format": "pcm", "max_new_tokens": 5})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    drop(conn);
+    s.stop().await;
+}

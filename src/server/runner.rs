@@ -33,6 +33,29 @@ fn bytes_per_code(rate: u32, speed: f32) -> f64 {
         / f64::from(speed)
 }
 
+/// How often a synthesis waiting for a slow reader looks at its cancel token.
+const FULL_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Hands a chunk to the response, waiting while the reader is behind; false when the response
+/// is gone or the request was cancelled meanwhile. A plain blocking send would not see the
+/// deadline or shutdown: a client that reads a byte now and then would hold the engine for as
+/// long as it liked.
+fn send_or_cancel(tx: &mpsc::Sender<Chunk>, mut chunk: Chunk, token: &CancelToken) -> bool {
+    loop {
+        match tx.try_send(chunk) {
+            Ok(()) => return true,
+            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            Err(mpsc::error::TrySendError::Full(c)) => {
+                if token.is_cancelled() {
+                    return false;
+                }
+                chunk = c;
+                std::thread::sleep(FULL_POLL);
+            }
+        }
+    }
+}
+
 /// Waits for the engine, then runs the synthesis on a blocking thread, sending chunks. Ends early
 /// when the client goes away while waiting, and cancels the generation at the deadline. Every
 /// way an admitted request ends without its audio is counted by reason.
@@ -82,10 +105,10 @@ pub(super) async fn run_job(
         let mut too_large = false;
         let result = st2.synth.synthesize(&req, &token2, &mut |ev| match ev {
             SynthEvent::Audio(bytes) if !bytes.is_empty() => {
-                if tx2.blocking_send(Chunk::Bytes(bytes.to_vec())).is_err() {
-                    ControlFlow::Break(())
-                } else {
+                if send_or_cancel(&tx2, Chunk::Bytes(bytes.to_vec()), &token2) {
                     ControlFlow::Continue(())
+                } else {
+                    ControlFlow::Break(())
                 }
             }
             SynthEvent::Code { index, .. } if cap.is_some_and(|cap| index >= cap) => {
