@@ -155,7 +155,7 @@ async fn speech(State(st): State<Arc<AppState>>, request: Request) -> Response {
 }
 
 /// Errors before admission are rejections; after it the runner counts why a request ended.
-async fn before_queue<T>(st: &AppState, r: Result<T, ApiError>) -> Result<T, ApiError> {
+fn before_queue<T>(st: &AppState, r: Result<T, ApiError>) -> Result<T, ApiError> {
     if let Err(e) = &r {
         st.metrics.rejected(e.code);
     }
@@ -181,7 +181,7 @@ async fn speech_inner(
         Ok((req, stream, admission))
     }
     .await;
-    let (req, stream, admission) = before_queue(st, checked).await?;
+    let (req, stream, admission) = before_queue(st, checked)?;
     let guard = CancelOnDrop(token.clone());
     let (tx, mut rx) = mpsc::channel::<Chunk>(CHUNKS_IN_FLIGHT);
     let content_type = req.output.format.content_type();
