@@ -4,7 +4,7 @@
 //!
 //! Starts the real server (`server::serve_on`) in this process on loopback with the generated tiny
 //! package (models/tiny; scripts/gen-test-models.sh makes it) and sends requests one at a time
-//! with reqwest. Two measurements:
+//! with reqwest, with an API key set (every request carries it). Two measurements:
 //!
 //! * `refused late`: a request that passes every check but the last one the server makes (an
 //!   unknown voice): HTTP both ways, body read, JSON parse, validation, the error body. No engine.
@@ -30,6 +30,8 @@ use onebit_tts::synth::{SynthConfig, Synthesizer};
 use serde_json::json;
 
 const TARGET_MS: f64 = 2.0;
+/// The API key the server runs with in this benchmark.
+const KEY: &str = "sk-bench-0123456789abcdef";
 
 /// CPU time of the whole process (every thread, the client's too), in milliseconds.
 fn process_cpu_ms() -> f64 {
@@ -140,15 +142,26 @@ async fn run(synth: Arc<Synthesizer>, rounds: usize) {
     let server = tokio::spawn(serve_on(
         listener,
         synth,
+        // Keys on, as a server on a network runs: the key check is part of the overhead.
         ServerConfig {
             addr,
+            api_keys: vec![KEY.into()],
             ..ServerConfig::default()
         },
         async move {
             let _ = stopped.await;
         },
     ));
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut auth = reqwest::header::HeaderMap::new();
+    auth.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {KEY}").parse().unwrap(),
+    );
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .default_headers(auth)
+        .build()
+        .unwrap();
     let url = format!("http://{addr}/v1/audio/speech");
     let text = "Hello world, this is a test.";
     let body = |voice: &str, format: &str| {

@@ -8,6 +8,7 @@
 #                         tokenizers (the HF tokenizers check of the generated tokenizer.json)
 #   .onebit/onnxruntime   the ONNX Runtime shared library from the onnxruntime wheel
 #   .onebit/neutts        espeak-ng 1.52 library + data and the sample voices from the neutts wheel
+#   .onebit/node          the official OpenAI Node SDK (npm `openai`, for tests/node/openai_client.js)
 # Idempotent: a second run only checks.
 #   --prereqs-only            check (and install) the system packages, then stop
 #   ONEBIT_SETUP_INSTALL=0    never install system packages, even as root: report and stop
@@ -21,18 +22,21 @@ py="${PYTHON:-python3}"
 #   build-essential  cc and make: the linker, and mp3lame-sys builds LAME with configure + make
 #   cmake            opusic-sys (under the opus crate) builds the bundled libopus with cmake
 #   python3-venv     `python3 -m venv` with pip (ensurepip) for .onebit/venv
+#   nodejs, npm      the OpenAI Node SDK's test against the server
 command -v "$py" >/dev/null || { echo "setup: $py (Python 3) is required" >&2; exit 1; }
 missing=()
 { command -v cc >/dev/null && command -v make >/dev/null; } || missing+=(build-essential)
 command -v cmake >/dev/null || missing+=(cmake)
 "$py" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && [ "${ONEBIT_SETUP_INSTALL:-1}" != 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing the build's system packages: ${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   else
-    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv)" >&2
+    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test)" >&2
     if command -v apt-get >/dev/null; then
       echo "setup: installing them needs root; run:  sudo apt-get install -y ${missing[*]}  and then this script again" >&2
     else
@@ -41,7 +45,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
 fi
-echo "setup: system prerequisites present (cc, make, cmake, python3 venv)"
+echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm)"
 [ "${1:-}" = --prereqs-only ] && exit 0
 mkdir -p "$home"
 
@@ -49,6 +53,8 @@ ORT_VERSION=1.31.1
 OGA_VERSION=0.18.0
 NEUTTS_VERSION=1.4.1
 OPENAI_VERSION=3.57.0
+# The Node SDK's 6.x line still runs on Node 18/20 (7.x needs Node 22).
+OPENAI_NODE_VERSION=6.30.1
 GGUF_VERSION=0.19.0
 TOKENIZERS_VERSION=0.23.3
 
@@ -96,4 +102,10 @@ PY
   rm -rf "$home/neutts" "$tmp"
   mv "$home/neutts.partial" "$home/neutts"
 fi
+if [ "$(cat "$home/node/.onebit-reqs" 2>/dev/null)" != "openai@$OPENAI_NODE_VERSION" ]; then
+  mkdir -p "$home/node"
+  npm install --prefix "$home/node" --no-audit --no-fund --silent "openai@$OPENAI_NODE_VERSION"
+  echo "openai@$OPENAI_NODE_VERSION" > "$home/node/.onebit-reqs"
+fi
+
 echo "setup: runtime in $home (onnxruntime $ORT_VERSION, onnxruntime-genai $OGA_VERSION, espeak-ng from neutts $NEUTTS_VERSION)"

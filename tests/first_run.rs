@@ -97,7 +97,11 @@ fn setup_names_missing_prerequisites_and_the_command_that_installs_them() {
     let with = |extra: &[&'static str]| -> Vec<&'static str> {
         base.iter().chain(extra).copied().collect()
     };
-    let o = prereqs(&copy, &tmp.join("all"), &with(&["cc", "make", "cmake"]));
+    let o = prereqs(
+        &copy,
+        &tmp.join("all"),
+        &with(&["cc", "make", "cmake", "node", "npm"]),
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         common::stdout(&o).contains("setup: system prerequisites present"),
@@ -111,9 +115,10 @@ fn setup_names_missing_prerequisites_and_the_command_that_installs_them() {
 
     let apt = Path::new("/usr/bin/apt-get").exists();
     for (extra, missing) in [
-        (&["cc", "make"][..], "cmake"),
-        (&["cmake"][..], "build-essential"),
-        (&[][..], "build-essential cmake"),
+        (&["cc", "make", "node", "npm"][..], "cmake"),
+        (&["cmake", "node", "npm"][..], "build-essential"),
+        (&["cc", "make", "cmake"][..], "nodejs npm"),
+        (&[][..], "build-essential cmake nodejs npm"),
     ] {
         let o = prereqs(&copy, &tmp.join(missing.replace(' ', "-")), &with(extra));
         assert!(!o.status.success());

@@ -1,6 +1,9 @@
-//! The official OpenAI Python SDK (PyPI `openai`, installed by scripts/setup.sh into
-//! .onebit/venv) against the real `onebit-tts serve` binary as a child process on loopback:
-//! tests/python/openai_client.py must pass every check, then SIGTERM stops the server with exit 0.
+//! The real `onebit-tts serve` binary as a child process on loopback, with an API key set: the
+//! official OpenAI Python SDK (PyPI `openai`, installed by scripts/setup.sh into .onebit/venv)
+//! must pass every check of tests/python/openai_client.py (a wrong key refused too), then SIGTERM
+//! stops the server with exit 0; the official Node SDK (npm `openai`, in .onebit/node) every
+//! check of tests/node/openai_client.js; and clients that never read must not grow its memory beyond
+//! the documented bound (VmRSS of the child).
 
 mod common;
 
@@ -10,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// The server runs with an API key, as on a network; the SDK sends it.
+const KEY: &str = "sk-onebit-test-key";
 const STARTUP: Duration = Duration::from_secs(120);
 const STOP: Duration = Duration::from_secs(15);
 
@@ -75,35 +80,32 @@ impl Drop for Reap {
     }
 }
 
-#[test]
-fn the_openai_python_sdk_gets_valid_audio_in_every_format() {
-    let python = python();
-    let dir = common::tempdir("openai-sdk");
-    let server_log = dir.join("server.log");
+/// Starts `onebit-tts serve` on a free loopback port with the API key set and `extra` flags;
+/// returns once /health answers 200 (bounded, failing at once if the server exits).
+fn start_server(model: &str, extra: &[&str], server_log: &Path) -> (Reap, SocketAddr) {
     let port = free_port();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let model = common::model("tiny");
     let child = Command::new(common::bin())
         .args(["serve", "--model"])
-        .arg(&model)
+        .arg(common::model(model))
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(extra)
+        .env("ONEBIT_API_KEYS", KEY)
         .current_dir(common::repo())
         .env_remove("ONEBIT_MODEL")
         .env_remove("ONEBIT_PORT")
         .env("ONEBIT_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&server_log).unwrap())
+        .stderr(std::fs::File::create(server_log).unwrap())
         .spawn()
         .unwrap();
     let mut server = Reap(Some(child));
     let child = server.0.as_mut().unwrap();
-
-    // Ready when /health answers 200; bounded, and failing at once if the server exits.
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            panic!("the server exited with {status}:\n{}", log(&server_log));
+            panic!("the server exited with {status}:\n{}", log(server_log));
         }
         if get_status(addr, "/health") == Some(200) {
             break;
@@ -111,10 +113,20 @@ fn the_openai_python_sdk_gets_valid_audio_in_every_format() {
         assert!(
             start.elapsed() < STARTUP,
             "the server never became healthy:\n{}",
-            log(&server_log)
+            log(server_log)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    (server, addr)
+}
+
+#[test]
+fn the_openai_python_sdk_gets_valid_audio_in_every_format() {
+    let python = python();
+    let dir = common::tempdir("openai-sdk");
+    let server_log = dir.join("server.log");
+    let (mut server, addr) = start_server("tiny", &[], &server_log);
+    let child = server.0.as_mut().unwrap();
 
     let codes = common::expect("tiny")["test_voice_greedy_codes"]
         .as_u64()
@@ -130,6 +142,7 @@ fn the_openai_python_sdk_gets_valid_audio_in_every_format() {
         .env_remove("HTTPS_PROXY")
         .env_remove("ALL_PROXY")
         .env_remove("OPENAI_BASE_URL")
+        .env("OPENAI_API_KEY", KEY)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -165,4 +178,182 @@ fn the_openai_python_sdk_gets_valid_audio_in_every_format() {
         "server stopped {:.0} ms after SIGTERM",
         sent.elapsed().as_secs_f64() * 1e3
     );
+}
+
+/// The Node SDK installed by scripts/setup.sh.
+fn node_modules() -> PathBuf {
+    let dir = common::repo().join(".onebit/node/node_modules");
+    assert!(
+        dir.join("openai/package.json").is_file(),
+        "{} has no openai package: run scripts/setup.sh (it installs the Node SDK)",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn the_openai_node_sdk_gets_valid_audio_with_a_key() {
+    let modules = node_modules();
+    let dir = common::tempdir("openai-node");
+    let server_log = dir.join("server.log");
+    let (_server, addr) = start_server("tiny", &[], &server_log);
+    let codes = common::expect("tiny")["test_voice_greedy_codes"]
+        .as_u64()
+        .unwrap();
+    let out = Command::new("node")
+        .arg(common::repo().join("tests/node/openai_client.js"))
+        .args(["--base-url", &format!("http://{addr}/v1")])
+        .args(["--expect-samples", &(codes * 480).to_string()])
+        .env("NODE_PATH", &modules)
+        .env("OPENAI_API_KEY", KEY)
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .output()
+        .expect("node runs (scripts/setup.sh checks that it is installed)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "openai_client.js failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log(&server_log)
+    );
+    let summary = stdout.lines().last().unwrap_or("");
+    assert_eq!(summary, "9 passed, 0 failed");
+}
+
+/// Resident memory of a process in bytes (`VmRSS` of /proc/PID/status).
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// Sends a speech request on a new connection and returns the socket unread.
+fn post_unread(addr: SocketAddr, body: &serde_json::Value) -> TcpStream {
+    let body = body.to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /v1/audio/speech HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+/// A metric's value from /metrics (0 when absent).
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+const LONG_TEXT: &str = "The river runs slowly past the old stone houses of the valley, and the people who live there \
+    have watched it for many years. In spring it rises with the melting snow, in summer it is low \
+    and clear, and in autumn the leaves of the tall trees float on it towards the sea. Nobody \
+    remembers a year when it did not come back, and nobody expects one, because the mountains \
+    are still there and the snow still falls on them every winter.";
+
+/// Four clients ask for long audio and never read: two whole WAVs (held until the write timeout,
+/// then freed) and two raw streams (their generation waits for the reader, then stops at the
+/// write timeout). The server's resident memory must stay within the bound docs/api.md states.
+#[test]
+fn four_clients_that_never_read_keep_memory_bounded() {
+    const CAP_MB: u64 = 16;
+    let dir = common::tempdir("server-unread");
+    let server_log = dir.join("server.log");
+    let (server, addr) = start_server(
+        "tiny-random",
+        &[
+            "--max-response-mb",
+            &CAP_MB.to_string(),
+            "--write-timeout-s",
+            "1",
+        ],
+        &server_log,
+    );
+    let pid = server.0.as_ref().unwrap().id();
+    // 3,000 codes at 48 kHz and half speed: 11.5 MB of 16-bit audio per request if made whole.
+    let req = |seed: u64, stream: bool| {
+        let mut b = serde_json::json!({"model": "tiny-random", "voice": "test", "input": LONG_TEXT,
+            "seed": seed, "response_format": if stream { "pcm" } else { "wav" },
+            "sample_rate": 48000, "speed": 0.5, "max_new_tokens": 3000});
+        if stream {
+            b["stream_format"] = "audio".into();
+        }
+        b
+    };
+    // One whole request read to the end first, so the baseline has the allocator's and the
+    // sessions' working memory of such a request in it.
+    let mut warm = post_unread(addr, &req(9, false));
+    let mut head = [0u8; 12];
+    warm.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    drop(warm);
+    let settled = Instant::now();
+    while metric(addr, "onebit_running") > 0.0 {
+        assert!(settled.elapsed() < STARTUP);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let base = rss(pid);
+    let clients: Vec<TcpStream> = (0..4)
+        .map(|i| post_unread(addr, &req(i, i % 2 == 1)))
+        .collect();
+    let start = Instant::now();
+    let mut peak = base;
+    // Until all four connections were cut off by the write timeout.
+    while metric(
+        addr,
+        "onebit_connections_closed_total{reason=\"write_timeout\"}",
+    ) < 4.0
+    {
+        peak = peak.max(rss(pid));
+        assert!(
+            start.elapsed() < STARTUP,
+            "not all four were cut off:\n{}",
+            log(&server_log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let codes = metric(addr, "onebit_codes_generated_total");
+    let dropped = metric(
+        addr,
+        "onebit_requests_dropped_total{reason=\"client_gone_running\"}",
+    );
+    drop(clients);
+    let growth = peak.saturating_sub(base);
+    eprintln!(
+        "4 clients that never read: RSS {:.0} MiB before, peak {:.0} MiB (+{:.1} MiB); {codes} codes generated; {dropped} streams stopped",
+        base as f64 / 1048576.0,
+        peak as f64 / 1048576.0,
+        growth as f64 / 1048576.0
+    );
+    // docs/api.md, "Memory": each whole response held holds at most max_response_mb until it
+    // is written or the write timeout passes, the one being encoded up to 3 x max_response_mb
+    // more, each stream under 4 MiB, plus 16 MiB of allocator slack. Here: two whole (one of
+    // them being encoded while the other is held), two streams.
+    let bound = ((2 + 3) * CAP_MB + 2 * 4 + 16) << 20;
+    assert!(
+        growth <= bound,
+        "RSS grew by {growth} bytes, over the documented {bound}"
+    );
+    // Both streams stopped generating before their end: they waited for a reader that never came.
+    assert_eq!(dropped, 2.0);
+    assert!(codes < 5.0 * 3000.0, "{codes}");
 }

@@ -287,6 +287,10 @@ fn wav(bytes: &[u8]) -> (u32, u16, usize) {
 
 /// Asserts an OpenAI-shaped error and returns its message.
 async fn api_error(r: Response, status: u16, param: Option<&str>, code: Option<&str>) -> String {
+    assert!(
+        status >= 500 || code.is_some(),
+        "every 4xx carries a code: name it"
+    );
     assert_eq!(r.status().as_u16(), status, "status");
     assert!(
         header(&r, "content-type").starts_with("application/json"),
@@ -780,58 +784,85 @@ async fn every_error_has_the_openai_shape_and_the_server_keeps_serving() {
             json!({"response_format": "aac"}),
             400,
             Some("response_format"),
-            Some("unsupported_format"),
+            Some("unsupported_value"),
             vec!["aac", "mp3, opus, flac, wav, pcm"],
         ),
         (
             json!({"response_format": "ogg"}),
             400,
             Some("response_format"),
-            Some("unsupported_format"),
+            Some("invalid_value"),
             vec!["mp3, opus, flac, wav, pcm"],
+        ),
+        // OpenAI's names exactly: no other case, no spaces.
+        (
+            json!({"response_format": "Mp3"}),
+            400,
+            Some("response_format"),
+            Some("invalid_value"),
+            vec!["\"Mp3\""],
+        ),
+        (
+            json!({"response_format": "wav "}),
+            400,
+            Some("response_format"),
+            Some("invalid_value"),
+            vec!["\"wav \""],
         ),
         (
             json!({"speed": 0.1}),
             400,
             Some("speed"),
-            None,
+            Some("invalid_value"),
             vec!["0.25"],
         ),
-        (json!({"speed": 5}), 400, Some("speed"), None, vec!["4"]),
+        (
+            json!({"speed": 5}),
+            400,
+            Some("speed"),
+            Some("invalid_value"),
+            vec!["4"],
+        ),
         (
             json!({"sample_rate": 4000}),
             400,
             Some("sample_rate"),
-            None,
+            Some("invalid_value"),
             vec!["4000"],
         ),
         (
             json!({"temperature": -1}),
             400,
             Some("temperature"),
-            None,
+            Some("invalid_value"),
             vec!["temperature"],
         ),
-        (json!({"top_p": 0}), 400, Some("top_p"), None, vec!["top_p"]),
+        (
+            json!({"top_p": 0}),
+            400,
+            Some("top_p"),
+            Some("invalid_value"),
+            vec!["top_p"],
+        ),
         (
             json!({"stream_format": "chunks"}),
             400,
             Some("stream_format"),
-            None,
+            Some("invalid_value"),
             vec!["audio, sse"],
         ),
         (
             json!({"language": "xx-yy"}),
             400,
             Some("language"),
-            None,
+            Some("invalid_value"),
             vec!["xx-yy"],
         ),
         (
             json!({"max_new_tokens": 0}),
             400,
             Some("max_new_tokens"),
-            None,
+            Some("invalid_value"),
             vec!["max_new_tokens"],
         ),
         // Wrong types and missing or unknown fields: 422.
@@ -905,6 +936,24 @@ async fn every_error_has_the_openai_shape_and_the_server_keeps_serving() {
     let msg = api_error(r, 415, None, Some("unsupported_media_type")).await;
     assert!(msg.contains("text/plain"), "{msg}");
     still_serving(&c, &s, &valid).await;
+    // No Content-Type is not JSON either (a browser's simple POST may omit it).
+    let r = c
+        .post(&speech)
+        .body(serde_json::to_vec(&valid).unwrap())
+        .send()
+        .await
+        .unwrap();
+    let msg = api_error(r, 415, None, Some("unsupported_media_type")).await;
+    assert!(msg.contains("(none)"), "{msg}");
+    // JSON with a charset parameter is JSON.
+    let r = c
+        .post(&speech)
+        .header("content-type", "application/json; charset=utf-8")
+        .body(serde_json::to_vec(&valid).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
 
     // Malformed JSON: 400; valid JSON that is not an object: 422.
     for (raw, status, code) in [
@@ -944,7 +993,7 @@ async fn every_error_has_the_openai_shape_and_the_server_keeps_serving() {
     let text = metrics_text(&c, &s).await;
     assert!(metric(&text, "onebit_requests_total{status=\"400\"}") >= 17.0);
     assert_eq!(metric(&text, "onebit_requests_total{status=\"413\"}"), 2.0);
-    assert_eq!(metric(&text, "onebit_requests_total{status=\"415\"}"), 1.0);
+    assert_eq!(metric(&text, "onebit_requests_total{status=\"415\"}"), 2.0);
     s.stop().await;
 }
 
@@ -1382,5 +1431,572 @@ async fn load_200_requests_from_32_clients_get_200_or_429_and_never_mix_bytes() 
     let r = speak(&c, &s, &req(0)).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.bytes().await.unwrap() == refs[0].1);
+    s.stop().await;
+}
+
+// ---- Network safety: keys, Host, CORS, connections, timeouts, shutdown ----
+
+/// A raw HTTP/1.1 exchange on a fresh connection: the whole answer as text (the request asks the
+/// server to close after answering).
+async fn raw(addr: SocketAddr, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut out))
+        .await
+        .expect("the server answers and closes")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+const KEY: &str = "sk-test-0123456789";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_guard_every_route_but_health() {
+    let cfg = ServerConfig {
+        api_keys: vec!["sk-other".into(), KEY.into()],
+        ..config()
+    };
+    let s = Server::start(tiny(), cfg).await;
+    let c = client();
+    let req = body(json!({"response_format": "pcm", "max_new_tokens": 5}));
+    let expected = json!({"error": {
+        "message": "missing or incorrect API key: send it as 'Authorization: Bearer KEY'",
+        "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}});
+    let mut refused = 0;
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer sk-test-012345678"),
+        Some(KEY),
+    ] {
+        for (method, path) in [
+            ("POST", "/v1/audio/speech"),
+            ("GET", "/v1/models"),
+            ("GET", "/v1/audio/voices"),
+            ("GET", "/metrics"),
+            ("GET", "/nope"),
+        ] {
+            let mut b = c.request(method.parse().unwrap(), s.url(path));
+            if method == "POST" {
+                b = b.json(&req);
+            }
+            if let Some(a) = auth {
+                b = b.header("authorization", a);
+            }
+            let r = b.send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{auth:?} {path}");
+            assert_eq!(
+                r.json::<Value>().await.unwrap(),
+                expected,
+                "{auth:?} {path}"
+            );
+            refused += 1;
+        }
+    }
+    // /health needs no key; the right key opens everything.
+    let r = c.get(s.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = c
+        .post(s.url("/v1/audio/speech"))
+        .bearer_auth(KEY)
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.bytes().await.unwrap().len(), 5 * SAMPLES_PER_CODE * 2);
+    let r = c
+        .get(s.url("/metrics"))
+        .bearer_auth("sk-other")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let text = r.text().await.unwrap();
+    assert_eq!(
+        metric(
+            &text,
+            "onebit_requests_rejected_total{reason=\"invalid_api_key\"}"
+        ),
+        refused as f64
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_header_must_name_this_server() {
+    let cfg = ServerConfig {
+        allowed_hosts: vec!["tts.lan".into()],
+        ..config()
+    };
+    let s = Server::start(tiny(), cfg).await;
+    let port = s.addr.port();
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "[::1]:9".to_string(),
+        "localhost".to_string(),
+        format!("tts.lan:{port}"),
+    ] {
+        let a = raw(
+            s.addr,
+            &format!("GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(a.starts_with("HTTP/1.1 200 "), "{host}: {a}");
+    }
+    // DNS rebinding: a name that resolves here but is not ours.
+    for host in [
+        "evil.example",
+        "evil.example:8880",
+        "192.168.1.9",
+        "tts.lan.evil",
+    ] {
+        let a = raw(
+            s.addr,
+            &format!("GET /v1/models HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(a.starts_with("HTTP/1.1 400 "), "{host}: {a}");
+        let body: Value = serde_json::from_str(a.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        assert_eq!(
+            body,
+            json!({"error": {"message": format!("Host {host:?} is not this server's address; add it with --allowed-host if it is"),
+                "type": "invalid_request_error", "param": null, "code": "invalid_host"}})
+        );
+    }
+    let text = metrics_text(&client(), &s).await;
+    assert_eq!(
+        metric(
+            &text,
+            "onebit_requests_rejected_total{reason=\"invalid_host\"}"
+        ),
+        4.0
+    );
+    s.stop().await;
+}
+
+fn preflight(c: &Client, s: &Server, origin: &str) -> reqwest::RequestBuilder {
+    c.request(reqwest::Method::OPTIONS, s.url("/v1/audio/speech"))
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization,content-type",
+        )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_is_off_by_default_and_answers_preflights_for_named_origins() {
+    let c = client();
+    // Off: no CORS header at all, so a browser page elsewhere cannot read or preflight.
+    let s = Server::start(tiny(), config()).await;
+    let r = preflight(&c, &s, "http://app.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    s.stop().await;
+
+    let cfg = ServerConfig {
+        cors_origins: vec!["http://app.example".into()],
+        api_keys: vec![KEY.into()],
+        ..config()
+    };
+    let s = Server::start(tiny(), cfg).await;
+    // The preflight carries no key and needs none.
+    let r = preflight(&c, &s, "http://app.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        header(&r, "access-control-allow-origin"),
+        "http://app.example"
+    );
+    assert_eq!(header(&r, "access-control-allow-methods"), "GET,POST");
+    assert_eq!(
+        header(&r, "access-control-allow-headers"),
+        "authorization,content-type"
+    );
+    assert_eq!(header(&r, "access-control-max-age"), "600");
+    let r = preflight(&c, &s, "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    // The real request from the named origin gets the header and may read ours.
+    let r = c
+        .post(s.url("/v1/audio/speech"))
+        .header("origin", "http://app.example")
+        .bearer_auth(KEY)
+        .json(&body(
+            json!({"response_format": "pcm", "max_new_tokens": 5}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        header(&r, "access-control-allow-origin"),
+        "http://app.example"
+    );
+    assert!(header(&r, "access-control-expose-headers").contains("x-onebit-codes"));
+    s.stop().await;
+}
+
+/// Raises this process's open-file limit to its hard limit (both ends of every test connection
+/// live here).
+fn raise_fd_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        let mut l: libc::rlimit = std::mem::zeroed();
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut l), 0);
+        l.rlim_cur = l.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+        l.rlim_cur
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_while_thousands_of_idle_connections_are_open() {
+    const IDLE: usize = 2_000;
+    let limit = raise_fd_limit();
+    assert!(
+        limit > 2 * IDLE as u64 + 200,
+        "open-file limit {limit} too low"
+    );
+    // The idle ones, the test client's pooled connection and one more.
+    let cfg = ServerConfig {
+        max_connections: IDLE + 2,
+        header_timeout: Duration::from_secs(120),
+        ..config()
+    };
+    let s = Server::start(tiny(), cfg).await;
+    let c = client();
+    let mut idle = Vec::with_capacity(IDLE);
+    for i in 0..IDLE {
+        let conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        // Half of them with half a request head: slow clients, not only silent ones.
+        if i % 2 == 0 {
+            use tokio::io::AsyncWriteExt;
+            let mut conn = conn;
+            conn.write_all(b"GET /health HTTP/1.1\r\nHost: loc")
+                .await
+                .unwrap();
+            idle.push(conn);
+        } else {
+            idle.push(conn);
+        }
+    }
+    wait_metric(&c, &s, "onebit_connections_open", |v| v >= IDLE as f64).await;
+    let start = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(2), c.get(s.url("/health")).send())
+        .await
+        .expect("/health within 2 s")
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    eprintln!(
+        "/health with {IDLE} idle connections open: {:.1} ms",
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    // The last place, then over the limit: a 503 at once, and the connection closes.
+    let extra = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    wait_metric(&c, &s, "onebit_connections_open", |v| {
+        v == (IDLE + 2) as f64
+    })
+    .await;
+    let a = raw(s.addr, "").await;
+    assert!(a.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{a}");
+    let body: Value = serde_json::from_str(a.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "too_many_connections", "{body}");
+    drop(extra);
+    drop(idle);
+    wait_metric(&c, &s, "onebit_connections_open", |v| v <= 1.0).await;
+    let text = metrics_text(&c, &s).await;
+    assert_eq!(
+        metric(
+            &text,
+            "onebit_requests_rejected_total{reason=\"too_many_connections\"}"
+        ),
+        1.0
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_header_client_is_closed_at_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cfg = ServerConfig {
+        header_timeout: Duration::from_millis(400),
+        ..config()
+    };
+    let s = Server::start(tiny(), cfg).await;
+    let started = Instant::now();
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    conn.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(WAIT, conn.read_to_end(&mut buf))
+        .await
+        .expect("closed by the server");
+    let waited = started.elapsed();
+    // hyper closes without an answer: the head never ended, so there is nothing to answer.
+    assert_eq!(n.unwrap(), 0);
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(5),
+        "closed after {waited:?}"
+    );
+    // A keep-alive connection idle after its answer is closed the same way.
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    conn.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(WAIT, conn.read_to_end(&mut buf))
+        .await
+        .expect("closed by the server")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buf).starts_with("HTTP/1.1 200 "));
+    let text = metrics_text(&client(), &s).await;
+    assert_eq!(
+        metric(
+            &text,
+            "onebit_connections_closed_total{reason=\"header_timeout\"}"
+        ),
+        2.0
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_idle_connections_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cfg = ServerConfig {
+        shutdown_grace: Duration::from_secs(30),
+        header_timeout: Duration::from_secs(60),
+        ..config()
+    };
+    let s = Server::start(tiny(), cfg).await;
+    let c = client();
+    // Silent, half-sent and kept-alive (after an answer) connections.
+    let mut conns = Vec::new();
+    for i in 0..30 {
+        let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        if i % 3 == 1 {
+            conn.write_all(b"GET /health HTTP/1.1\r\nHo").await.unwrap();
+        }
+        if i % 3 == 2 {
+            conn.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = [0u8; 12];
+            conn.read_exact(&mut buf).await.unwrap();
+            assert_eq!(&buf, b"HTTP/1.1 200");
+        }
+        conns.push(conn);
+    }
+    let r = c.get(s.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    wait_metric(&c, &s, "onebit_connections_open", |v| v >= 31.0).await;
+    let started = Instant::now();
+    s.stop().await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "shutdown took {took:?} with idle connections"
+    );
+    eprintln!(
+        "shutdown with 31 idle connections: {:.0} ms",
+        took.as_secs_f64() * 1e3
+    );
+    for mut conn in conns {
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(WAIT, conn.read_to_end(&mut rest))
+            .await
+            .expect("closed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_queue_leavers_timeouts_and_rejections_by_reason() {
+    let (synth, gate) = gated_tiny();
+    let cfg = ServerConfig {
+        queue_depth: 1,
+        ..config()
+    };
+    let s = Server::start(synth, cfg).await;
+    let c = client();
+    let req = body(json!({"response_format": "wav"}));
+    let running = {
+        let (c, s, req) = (c.clone(), s.clone(), req.clone());
+        tokio::spawn(async move { speak(&c, &s, &req).await.status() })
+    };
+    wait_metric(&c, &s, "onebit_running", |v| v == 1.0).await;
+    // A waiting request whose client gives up leaves the queue and is counted.
+    let leaver = {
+        let (c, s, req) = (c.clone(), s.clone(), req.clone());
+        tokio::spawn(async move { speak(&c, &s, &req).await })
+    };
+    wait_metric(&c, &s, "onebit_queue_depth", |v| v == 1.0).await;
+    // The queue is full now: a rejection.
+    api_error(speak(&c, &s, &req).await, 429, None, Some("queue_full")).await;
+    leaver.abort();
+    let text = wait_metric(
+        &c,
+        &s,
+        "onebit_requests_dropped_total{reason=\"client_gone_queued\"}",
+        |v| v == 1.0,
+    )
+    .await;
+    assert_eq!(metric(&text, "onebit_queue_depth"), 0.0);
+    // A refusal of validation.
+    api_error(
+        speak(&c, &s, &body(json!({"speed": 9}))).await,
+        400,
+        Some("speed"),
+        Some("invalid_value"),
+    )
+    .await;
+    gate.release();
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+    // A deadline passed while running.
+    let s2 = Server::start(
+        gated_tiny().0,
+        ServerConfig {
+            request_timeout: Duration::from_millis(300),
+            ..config()
+        },
+    )
+    .await;
+    api_error(speak(&c, &s2, &req).await, 504, None, Some("timeout")).await;
+    let text2 = metrics_text(&c, &s2).await;
+    assert_eq!(
+        metric(
+            &text2,
+            "onebit_requests_dropped_total{reason=\"timeout_running\"}"
+        ),
+        1.0
+    );
+    s2.stop().await;
+
+    let text = metrics_text(&c, &s).await;
+    for (name, v) in [
+        ("onebit_requests_rejected_total{reason=\"queue_full\"}", 1.0),
+        (
+            "onebit_requests_rejected_total{reason=\"invalid_request\"}",
+            1.0,
+        ),
+        (
+            "onebit_requests_rejected_total{reason=\"invalid_api_key\"}",
+            0.0,
+        ),
+        (
+            "onebit_requests_dropped_total{reason=\"client_gone_queued\"}",
+            1.0,
+        ),
+        (
+            "onebit_requests_dropped_total{reason=\"client_gone_running\"}",
+            0.0,
+        ),
+    ] {
+        assert_eq!(metric(&text, name), v, "{name}\n{text}");
+        assert!(
+            text.contains(&format!("{name} ")),
+            "{name} is always exported"
+        );
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_response_over_max_response_bytes_is_refused_and_a_stream_is_not() {
+    // 0.1 MiB of 16-bit audio at 48 kHz: 50 codes (1 s at 24 kHz is 50 codes of 1,920 bytes).
+    let cfg = ServerConfig {
+        max_response_bytes: 96_000,
+        ..config()
+    };
+    let s = Server::start(tiny_random(), cfg).await;
+    let c = client();
+    let long = json!({"model": "tiny-random", "voice": "test", "input": LONG_TEXT, "seed": 1,
+        "response_format": "wav", "sample_rate": 48000, "max_new_tokens": 400});
+    let msg = api_error(
+        speak(&c, &s, &long).await,
+        400,
+        None,
+        Some("response_too_large"),
+    )
+    .await;
+    assert!(
+        msg.contains("max_response_mb") && msg.contains("stream_format"),
+        "{msg}"
+    );
+    let mut streamed = long.clone();
+    streamed["stream_format"] = json!("audio");
+    let r = speak(&c, &s, &streamed).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.bytes().await.unwrap().len() > 96_000);
+    let text = metrics_text(&c, &s).await;
+    assert_eq!(
+        metric(
+            &text,
+            "onebit_requests_dropped_total{reason=\"response_too_large\"}"
+        ),
+        1.0
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_nobody_reads_frees_the_engine_at_the_request_timeout() {
+    use tokio::io::AsyncWriteExt;
+    // The write timeout is far away: only the request's deadline can stop this stream.
+    let cfg = ServerConfig {
+        request_timeout: Duration::from_millis(1500),
+        write_timeout: Duration::from_secs(120),
+        ..config()
+    };
+    let s = Server::start(tiny_random(), cfg).await;
+    let c = client();
+    let req = json!({"model": "tiny-random", "voice": "test", "input": LONG_TEXT, "seed": 1,
+        "response_format": "pcm", "sample_rate": 48000, "speed": 0.5,
+        "stream_format": "audio", "max_new_tokens": 3000})
+    .to_string();
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    conn.write_all(
+        format!(
+            "POST /v1/audio/speech HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{req}",
+            req.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let text = wait_metric(
+        &c,
+        &s,
+        "onebit_requests_dropped_total{reason=\"timeout_running\"}",
+        |v| v == 1.0,
+    )
+    .await;
+    assert_eq!(metric(&text, "onebit_running"), 0.0);
+    assert!(
+        metric(&text, "onebit_codes_generated_total") < 3000.0,
+        "{text}"
+    );
+    // The engine is free for the next request.
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"response_format": "pcm", "max_new_tokens": 5})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    drop(conn);
     s.stop().await;
 }

@@ -1,3 +1,5 @@
+//! Output format names: exactly OpenAI's `response_format` names, parsed and refused here.
+
 use std::fmt;
 use std::str::FromStr;
 
@@ -56,6 +58,23 @@ impl AudioFormat {
     }
 }
 
+impl AudioFormat {
+    /// OpenAI's `response_format`: exactly one of its lowercase names (OpenAI refuses "Mp3" or
+    /// "wav "), `aac` refused as unavailable here. The CLI's `--format` is more forgiving.
+    pub fn from_openai_name(name: &str) -> Result<Self, AudioError> {
+        if let Some(format) = AudioFormat::ALL.into_iter().find(|f| f.name() == name) {
+            return Ok(format);
+        }
+        match name.parse::<AudioFormat>() {
+            Err(e @ AudioError::UnsupportedFormat { .. }) if name == "aac" => Err(e),
+            _ => Err(AudioError::UnknownFormat {
+                name: name.to_string(),
+                supported: SUPPORTED_FORMATS,
+            }),
+        }
+    }
+}
+
 impl fmt::Display for AudioFormat {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -94,6 +113,24 @@ mod tests {
             assert_eq!(f.name().parse::<AudioFormat>().unwrap(), f);
             assert_eq!(f.name().to_uppercase().parse::<AudioFormat>().unwrap(), f);
         }
+    }
+
+    #[test]
+    fn openai_names_are_exact() {
+        for f in AudioFormat::ALL {
+            assert_eq!(AudioFormat::from_openai_name(f.name()).unwrap(), f);
+        }
+        for bad in ["Mp3", "wav ", " pcm", "WAV", "ogg", ""] {
+            let e = AudioFormat::from_openai_name(bad).unwrap_err();
+            assert!(
+                matches!(e, AudioError::UnknownFormat { .. }),
+                "{bad:?}: {e}"
+            );
+        }
+        let e = AudioFormat::from_openai_name("aac").unwrap_err();
+        assert!(matches!(e, AudioError::UnsupportedFormat { .. }), "{e}");
+        let e = AudioFormat::from_openai_name("AAC").unwrap_err();
+        assert!(matches!(e, AudioError::UnknownFormat { .. }), "{e}");
     }
 
     #[test]

@@ -21,7 +21,9 @@ pub use device::{Device, DeviceChoice};
 pub use oga::{OgaBackbone, OgaLoadError, OgaOptions, OgaStep};
 pub use ort_engine::{KvMode, OrtBackbone, OrtOptions};
 pub use ryzenai::{CustomOpsRoute, ProviderSetup};
-pub use sampler::{Candidates, LogitsLayout, SampleError, Sampler, SamplingParams};
+pub use sampler::{
+    Candidates, InvalidSampling, LogitsLayout, SampleError, Sampler, SamplingParams,
+};
 // The thread plan is the runtime's (the codec shares it); the engine's options carry it.
 pub use crate::runtime::{CpuTopology, ThreadPlan, ThreadPolicy};
 pub use worker::{
@@ -291,7 +293,10 @@ pub fn generate(
     cancel: &CancelToken,
     on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Generation, EngineError> {
-    params.sampling.validate().map_err(EngineError::Params)?;
+    params
+        .sampling
+        .validate()
+        .map_err(|e| EngineError::Params(e.to_string()))?;
     if prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }

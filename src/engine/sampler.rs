@@ -51,22 +51,36 @@ impl SamplingParams {
         self.temperature <= 0.0 || self.top_k == 1
     }
 
-    /// Checks ranges; the message names the field and the allowed range.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks ranges; the error names the field and the allowed range.
+    pub fn validate(&self) -> Result<(), InvalidSampling> {
+        let bad = |param, expected, got: String| {
+            Err(InvalidSampling {
+                param,
+                expected,
+                got,
+            })
+        };
         if !self.temperature.is_finite() || !(0.0..=5.0).contains(&self.temperature) {
-            return Err(format!(
-                "temperature must be in 0..=5, got {}",
-                self.temperature
-            ));
+            return bad("temperature", "in 0..=5", self.temperature.to_string());
         }
         if !(self.top_p.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return bad("top_p", "in (0, 1]", self.top_p.to_string());
         }
         if self.top_k > crate::package::SPEECH_CODES as usize {
-            return Err(format!("top_k must be at most 65536, got {}", self.top_k));
+            return bad("top_k", "at most 65536", self.top_k.to_string());
         }
         Ok(())
     }
+}
+
+/// A sampling setting out of its range: `param` is the field's name (as in the HTTP API), so a
+/// caller can point at it without reading the message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{param} must be {expected}, got {got}")]
+pub struct InvalidSampling {
+    pub param: &'static str,
+    pub expected: &'static str,
+    pub got: String,
 }
 
 /// Which ids may be chosen.

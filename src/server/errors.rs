@@ -1,9 +1,18 @@
-//! OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status.
+//! Every error the server answers, in OpenAI's shape `{"error": {"message", "type", "param",
+//! "code"}}` with its status. This is the one place that decides status, `type`, `param` and
+//! `code`: from the library's typed errors (by variant, never by message text) and from the
+//! server's own refusals. Every 4xx carries a code.
+
+use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::audio::AudioError;
+use crate::engine::{EngineError, InvalidSampling};
 use crate::synth::SynthError;
+use crate::text::TextError;
+use crate::voice::VoiceError;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -11,12 +20,12 @@ pub struct ApiError {
     pub message: String,
     pub kind: &'static str,
     pub param: Option<&'static str>,
-    pub code: Option<&'static str>,
+    pub code: &'static str,
     pub retry_after: Option<u64>,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         let kind = match status.as_u16() {
             429 => "rate_limit_error",
             500..=599 => "server_error",
@@ -27,21 +36,125 @@ impl ApiError {
             message: message.into(),
             kind,
             param: None,
-            code: None,
+            code,
             retry_after: None,
         }
     }
 
-    pub fn bad(param: &'static str, message: impl Into<String>) -> Self {
+    /// 400 naming the request field that was wrong.
+    fn field(param: &'static str, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             param: Some(param),
-            ..Self::new(StatusCode::BAD_REQUEST, message)
+            ..Self::new(StatusCode::BAD_REQUEST, code, message)
         }
     }
 
-    pub fn code(mut self, code: &'static str) -> Self {
-        self.code = Some(code);
-        self
+    /// A field's value is outside what it allows (OpenAI's `invalid_value`).
+    pub fn invalid_value(param: &'static str, message: impl Into<String>) -> Self {
+        Self::field(param, "invalid_value", message)
+    }
+
+    pub fn empty_input() -> Self {
+        Self::field("input", "empty_input", "input is empty")
+    }
+
+    pub fn input_too_long(chars: usize, limit: usize) -> Self {
+        Self::field(
+            "input",
+            "input_too_long",
+            format!("input has {chars} characters; the limit is {limit} (max_input_chars)"),
+        )
+    }
+
+    pub fn invalid_json(e: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not valid JSON: {e}"),
+        )
+    }
+
+    pub fn invalid_type(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_type", message)
+    }
+
+    pub fn body_unreadable(e: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            format!("could not read the body: {e}"),
+        )
+    }
+
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body is larger than {limit} bytes (max_body_bytes)"),
+        )
+    }
+
+    pub fn body_timeout(limit: Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the body did not arrive within {:.3} s (body_timeout)",
+                limit.as_secs_f64()
+            ),
+        )
+    }
+
+    pub fn unsupported_media_type(got: &str) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("the body must be JSON (Content-Type: application/json), got {got:?}"),
+        )
+    }
+
+    pub fn response_too_large(limit: usize, seconds: f64, rate: u32) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "response_too_large",
+            format!(
+                "the whole response would pass {} MiB of audio (max_response_mb) after {seconds:.1} s \
+                 at {rate} Hz; ask for stream_format \"audio\" (sent as it is made), fewer codes \
+                 (max_new_tokens), a lower sample_rate or a higher speed",
+                limit >> 20
+            ),
+        )
+    }
+
+    pub fn not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "this route does not take that method",
+        )
+    }
+
+    /// OpenAI's answer to a missing or wrong key, word for word in shape.
+    pub fn invalid_api_key() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "missing or incorrect API key: send it as 'Authorization: Bearer KEY'",
+        )
+    }
+
+    pub fn invalid_host(host: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_host",
+            format!(
+                "Host {host:?} is not this server's address; add it with --allowed-host if it is"
+            ),
+        )
     }
 
     pub fn busy(retry_after: u64, depth: usize) -> Self {
@@ -49,14 +162,59 @@ impl ApiError {
             retry_after: Some(retry_after),
             ..Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
-                format!("the server is busy: {depth} requests are already queued; retry after {retry_after} s"),
+                "queue_full",
+                format!(
+                    "the server is busy: {depth} requests are already queued; retry after {retry_after} s"
+                ),
             )
-            .code("queue_full")
         }
     }
 
+    pub fn too_many_connections(limit: usize) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_connections",
+            format!("the server has {limit} connections open (max_connections); retry later"),
+        )
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, message).code("engine_unavailable")
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "engine_unavailable",
+            message,
+        )
+    }
+
+    pub fn cancelled() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "cancelled",
+            "the request was cancelled",
+        )
+    }
+
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down",
+        )
+    }
+
+    pub fn timed_out(timeout: Duration) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!(
+                "the request ran past the {:.3} s timeout (request_timeout)",
+                timeout.as_secs_f64()
+            ),
+        )
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
     }
 
     pub fn body(&self) -> serde_json::Value {
@@ -81,40 +239,67 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<InvalidSampling> for ApiError {
+    fn from(e: InvalidSampling) -> Self {
+        ApiError::invalid_value(e.param, e.to_string())
+    }
+}
+
+/// Audio errors that come from a request field name it; the rest are the server's failure.
+impl From<AudioError> for ApiError {
+    fn from(e: AudioError) -> Self {
+        let msg = e.to_string();
+        match e {
+            AudioError::UnknownFormat { .. } => ApiError::invalid_value("response_format", msg),
+            AudioError::UnsupportedFormat { .. } => {
+                ApiError::field("response_format", "unsupported_value", msg)
+            }
+            AudioError::SampleRateOutOfRange { .. } => ApiError::invalid_value("sample_rate", msg),
+            AudioError::SpeedOutOfRange { .. } => ApiError::invalid_value("speed", msg),
+            AudioError::TooLongForContainer { .. } => {
+                ApiError::field("input", "audio_too_long", msg)
+            }
+            _ => ApiError::internal(msg),
+        }
+    }
+}
+
+impl From<TextError> for ApiError {
+    fn from(e: TextError) -> Self {
+        let msg = e.to_string();
+        match e {
+            TextError::UnsupportedLanguage(_) => ApiError::invalid_value("language", msg),
+            TextError::NothingSpeakable => ApiError::field("input", "nothing_speakable", msg),
+            _ => ApiError::unavailable(msg),
+        }
+    }
+}
+
 impl From<SynthError> for ApiError {
     fn from(e: SynthError) -> Self {
-        use crate::engine::EngineError;
         let msg = e.to_string();
-        match &e {
-            SynthError::Voice(crate::voice::VoiceError::Unknown { .. }) => {
-                ApiError::bad("voice", msg).code("unknown_voice")
+        match e {
+            SynthError::Voice(VoiceError::Unknown { .. }) => {
+                ApiError::field("voice", "unknown_voice", msg)
             }
-            SynthError::Voice(_) => ApiError::bad("voice", msg),
-            SynthError::EmptyInput => ApiError::bad("input", msg).code("empty_input"),
-            SynthError::InputTooLong { .. } => ApiError::bad("input", msg).code("input_too_long"),
-            SynthError::WordTooLong { .. } => {
-                ApiError::bad("input", msg).code("context_length_exceeded")
-            }
-            SynthError::Text(crate::text::TextError::NothingSpeakable) => {
-                ApiError::bad("input", msg).code("nothing_speakable")
-            }
-            SynthError::Text(crate::text::TextError::UnsupportedLanguage(_)) => {
-                ApiError::bad("language", msg)
-            }
-            SynthError::Engine(
+            SynthError::Voice(_) => ApiError::field("voice", "invalid_voice", msg),
+            SynthError::EmptyInput => ApiError::empty_input(),
+            SynthError::InputTooLong { .. } => ApiError::field("input", "input_too_long", msg),
+            SynthError::WordTooLong { .. }
+            | SynthError::Engine(
                 EngineError::PromptTooLong { .. } | EngineError::StaticKvFull { .. },
-            ) => ApiError::bad("input", msg).code("context_length_exceeded"),
+            ) => ApiError::field("input", "context_length_exceeded", msg),
+            SynthError::Text(e) => e.into(),
+            SynthError::Audio(e) => e.into(),
             SynthError::Engine(EngineError::Params(_)) => {
-                ApiError::new(StatusCode::BAD_REQUEST, msg)
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", msg)
             }
-            SynthError::Prompt(_) => ApiError::bad("input", msg),
-            SynthError::Engine(_)
-            | SynthError::Codec(_)
-            | SynthError::Poisoned
-            | SynthError::Text(_) => ApiError::unavailable(msg),
-            SynthError::Audio(_) | SynthError::Codes(_) => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg)
+            SynthError::Prompt(_) => ApiError::field("input", "invalid_input", msg),
+            SynthError::Engine(_) | SynthError::Codec(_) | SynthError::Poisoned => {
+                ApiError::unavailable(msg)
             }
+            // Saved codes are decoded by `onebit-tts decode`, never by a request.
+            SynthError::Codes(_) => ApiError::internal(msg),
         }
     }
 }

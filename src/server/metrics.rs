@@ -10,6 +10,57 @@ use crate::metrics::StageTimings;
 /// The labels of `onebit_generations_finished_total`, each always present.
 const FINISH_REASONS: [&str; 3] = ["stop", "length", "cancelled"];
 
+/// Requests refused before they reached the queue, by reason (`onebit_requests_rejected_total`);
+/// any other 4xx of validation counts as `invalid_request`.
+const REJECT_REASONS: [&str; 7] = [
+    "invalid_api_key",
+    "invalid_host",
+    "invalid_request",
+    "body_timeout",
+    "queue_full",
+    "shutting_down",
+    "too_many_connections",
+];
+
+/// Admitted requests that ended without their audio, by reason (`onebit_requests_dropped_total`):
+/// the client left while queued or while running (a stream whose client stopped reading past the
+/// write timeout included), the deadline passed while queued or running, shutdown, a whole
+/// response over `max_response_mb`, an engine failure.
+const DROP_REASONS: [&str; 7] = [
+    "client_gone_queued",
+    "client_gone_running",
+    "timeout_queued",
+    "timeout_running",
+    "shutdown",
+    "response_too_large",
+    "engine_failed",
+];
+
+/// Connections the server closed on a timeout (`onebit_connections_closed_total`).
+const CLOSE_REASONS: [&str; 2] = ["header_timeout", "write_timeout"];
+
+fn count(labels: &[&str], counters: &[AtomicU64], reason: &str) {
+    if let Some(i) = labels.iter().position(|&r| r == reason) {
+        counters[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn render_labelled(
+    s: &mut String,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    counters: &[AtomicU64],
+) {
+    s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
+    for (reason, n) in labels.iter().zip(counters) {
+        s.push_str(&format!(
+            "{name}{{reason=\"{reason}\"}} {}\n",
+            n.load(Ordering::Relaxed)
+        ));
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
     by_status: Mutex<BTreeMap<u16, u64>>,
@@ -27,6 +78,10 @@ pub struct Metrics {
     last_codes_per_s_milli: AtomicU64,
     pub queued: AtomicUsize,
     pub running: AtomicUsize,
+    rejected: [AtomicU64; 7],
+    dropped: [AtomicU64; 7],
+    closed: [AtomicU64; 2],
+    pub connections: AtomicUsize,
 }
 
 fn us(d: std::time::Duration) -> u64 {
@@ -38,6 +93,24 @@ impl Metrics {
         if let Ok(mut m) = self.by_status.lock() {
             *m.entry(status).or_default() += 1;
         }
+    }
+
+    /// A request refused before the queue; `code` is its error code.
+    pub fn rejected(&self, code: &str) {
+        let reason = if REJECT_REASONS.contains(&code) {
+            code
+        } else {
+            "invalid_request"
+        };
+        count(&REJECT_REASONS, &self.rejected, reason);
+    }
+
+    pub fn dropped(&self, reason: &str) {
+        count(&DROP_REASONS, &self.dropped, reason);
+    }
+
+    pub fn closed(&self, reason: &str) {
+        count(&CLOSE_REASONS, &self.closed, reason);
     }
 
     pub fn generated(
@@ -96,6 +169,27 @@ impl Metrics {
                 n.load(Ordering::Relaxed)
             ));
         }
+        render_labelled(
+            &mut s,
+            "onebit_requests_rejected_total",
+            "Requests refused before the queue, by reason.",
+            &REJECT_REASONS,
+            &self.rejected,
+        );
+        render_labelled(
+            &mut s,
+            "onebit_requests_dropped_total",
+            "Admitted requests that ended without their audio, by reason.",
+            &DROP_REASONS,
+            &self.dropped,
+        );
+        render_labelled(
+            &mut s,
+            "onebit_connections_closed_total",
+            "Connections closed by the server on a timeout, by reason.",
+            &CLOSE_REASONS,
+            &self.closed,
+        );
         let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e6;
         let lines = [
             (
@@ -176,6 +270,12 @@ impl Metrics {
                 "gauge",
                 "Requests being synthesised.",
                 self.running.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "onebit_connections_open",
+                "gauge",
+                "Open HTTP connections.",
+                self.connections.load(Ordering::Relaxed) as f64,
             ),
         ];
         for (name, ty, help, v) in lines {

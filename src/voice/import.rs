@@ -298,7 +298,7 @@ fn import_file(path: &Path, opts: &ImportOptions) -> Result<Voice, VoiceError> {
             .unwrap_or_else(|| format!("imported from {file_name}")),
         license: opts.license.clone().or(found.license).unwrap_or_default(),
     };
-    voice.validate().map_err(invalid)?;
+    voice.validate().map_err(|e| invalid(e.to_string()))?;
     Ok(voice)
 }
 
@@ -718,9 +718,9 @@ impl VoiceStore {
     pub fn save(dir: &Path, voice: &Voice, overwrite: bool) -> Result<PathBuf, VoiceError> {
         validate_name(&voice.name)?;
         let path = dir.join(format!("{}.json", voice.name));
-        voice.validate().map_err(|msg| VoiceError::Invalid {
+        voice.validate().map_err(|e| VoiceError::Invalid {
             path: path.clone(),
-            msg,
+            msg: e.to_string(),
         })?;
         if !overwrite && path.exists() {
             return Err(VoiceError::Exists(path));

@@ -69,13 +69,16 @@ impl Voice {
         (self.codes.len() as f64 / crate::package::CODES_PER_SECOND) as f32
     }
 
-    pub fn validate(&self) -> Result<(), String> {
-        validate_name(&self.name).map_err(|e| e.to_string())?;
+    pub fn validate(&self) -> Result<(), InvalidVoice> {
+        let bad = |field, reason: String| Err(InvalidVoice { field, reason });
+        if let Err(e) = validate_name(&self.name) {
+            return bad("name", e.to_string());
+        }
         if self.transcript.trim().is_empty() {
-            return Err("the transcript is empty".into());
+            return bad("transcript", "the transcript is empty".into());
         }
         if self.codes.is_empty() {
-            return Err("the voice has no codes".into());
+            return bad("codes", "the voice has no codes".into());
         }
         if let Some((i, c)) = self
             .codes
@@ -83,10 +86,22 @@ impl Voice {
             .enumerate()
             .find(|(_, c)| **c >= SPEECH_CODES)
         {
-            return Err(format!("code {c} at index {i} is outside 0..65535"));
+            return bad(
+                "codes",
+                format!("code {c} at index {i} is outside 0..65535"),
+            );
         }
         Ok(())
     }
+}
+
+/// What is wrong with a voice, and in which of its fields (`name`, `transcript`, `codes`), so a
+/// caller can point at the field without reading the message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct InvalidVoice {
+    pub field: &'static str,
+    pub reason: String,
 }
 
 /// Voice names become file names: no path tricks.
@@ -171,7 +186,7 @@ pub fn read_voice(path: &Path) -> Result<Voice, VoiceError> {
     let text = std::fs::read_to_string(path).map_err(|e| invalid(format!("cannot read: {e}")))?;
     let voice: Voice =
         serde_json::from_str(&text).map_err(|e| invalid(format!("not a voice file: {e}")))?;
-    voice.validate().map_err(invalid)?;
+    voice.validate().map_err(|e| invalid(e.to_string()))?;
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
     if stem != voice.name {
         return Err(invalid(format!(
@@ -224,12 +239,13 @@ mod tests {
             source: String::new(),
             license: String::new(),
         };
-        assert_eq!(
-            v.validate().unwrap_err(),
-            "code 65536 at index 1 is outside 0..65535"
-        );
+        let e = v.validate().unwrap_err();
+        assert_eq!(e.field, "codes");
+        assert_eq!(e.to_string(), "code 65536 at index 1 is outside 0..65535");
         v.codes = vec![1];
         v.transcript = "  ".into();
-        assert_eq!(v.validate().unwrap_err(), "the transcript is empty");
+        let e = v.validate().unwrap_err();
+        assert_eq!(e.field, "transcript");
+        assert_eq!(e.to_string(), "the transcript is empty");
     }
 }

@@ -85,7 +85,9 @@ def main():
     os.makedirs(args.out_dir, exist_ok=True)
     samples = args.expect_samples
     greedy = {"temperature": 0}
-    client = OpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=120)
+    # The server's key when it has one (OPENAI_API_KEY, as the SDK reads it), else any string.
+    key = os.environ.get("OPENAI_API_KEY") or "unused"
+    client = OpenAI(base_url=args.base_url, api_key=key, max_retries=0, timeout=120)
     results = []
 
     def check(name, fn):
@@ -207,6 +209,19 @@ def main():
         refused({"response_format": "aac"}, ["aac", "mp3, opus, flac, wav, pcm"]),
     )
     check("an unknown voice is refused", refused({"voice": "nobody"}, ["nobody", "test"]))
+
+    def wrong_key():
+        bad = OpenAI(base_url=args.base_url, api_key=key + "-wrong", max_retries=0, timeout=120)
+        try:
+            bad.audio.speech.create(model=args.model, input=TEXT, voice=args.voice)
+        except openai.AuthenticationError as e:
+            assert e.status_code == 401, e.status_code
+            assert e.code == "invalid_api_key", e.code
+            return "401 invalid_api_key"
+        raise AssertionError("expected a 401")
+
+    if os.environ.get("OPENAI_API_KEY"):
+        check("a wrong API key gets AuthenticationError", wrong_key)
 
     passed = sum(results)
     failed = len(results) - passed

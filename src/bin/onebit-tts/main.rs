@@ -49,7 +49,7 @@ enum Cmd {
         #[command(flatten)]
         model: ModelArgs,
         #[command(flatten)]
-        args: serve::ServeArgs,
+        args: onebit_tts::server::ServeArgs,
     },
     /// Measure synthesis speed against the real-time line (50 codes/s).
     Bench {

@@ -1,0 +1,302 @@
+//! The server's limits and knobs ([`ServerConfig`], each documented in docs/api.md), the `serve`
+//! flags that fill it ([`ServeArgs`]), and the rule that a server reachable from other machines
+//! needs an API key.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Server limits and knobs; every one is documented in docs/api.md.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub addr: SocketAddr,
+    /// Requests that may wait for the engine besides the one running.
+    pub queue_depth: usize,
+    pub max_body_bytes: usize,
+    pub max_input_chars: usize,
+    /// From arrival to the end of synthesis, queue wait included.
+    pub request_timeout: Duration,
+    /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
+    pub shutdown_grace: Duration,
+    pub retry_after_s: u64,
+    /// Reported by /health.
+    pub device: String,
+    /// Bearer keys; when any is set every route but /health needs one.
+    pub api_keys: Vec<String>,
+    /// Host names accepted besides the bound address's own (`*`: any).
+    pub allowed_hosts: Vec<String>,
+    /// Origins allowed by CORS (`*`: any); empty turns CORS off.
+    pub cors_origins: Vec<String>,
+    /// A connection must deliver a complete request head within this of being ready for one
+    /// (just opened, or after its previous response): slow headers and idle keep-alive alike.
+    pub header_timeout: Duration,
+    /// The whole request body must arrive within this once the head is read.
+    pub body_timeout: Duration,
+    /// A response write that makes no progress for this long closes the connection (the client
+    /// stopped reading); a stream's generation then stops.
+    pub write_timeout: Duration,
+    /// Open connections; a connection beyond them gets a 503 and is closed at once.
+    pub max_connections: usize,
+    /// Largest whole (not streamed) response held in memory, counted as 16-bit audio.
+    pub max_response_bytes: usize,
+    /// Serve a non-loopback address without keys (`--insecure-no-auth`).
+    pub insecure_no_auth: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 8880)),
+            queue_depth: 8,
+            max_body_bytes: 64 * 1024,
+            max_input_chars: 4096,
+            request_timeout: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(30),
+            retry_after_s: 1,
+            device: "cpu".into(),
+            api_keys: Vec::new(),
+            allowed_hosts: Vec::new(),
+            cors_origins: Vec::new(),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            max_response_bytes: 64 << 20,
+            insecure_no_auth: false,
+        }
+    }
+}
+
+/// Why `serve` will not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "refusing to listen on {addr} without an API key: other machines could use this server. \
+         Set --api-key (or ONEBIT_API_KEYS, --api-key-file), listen on 127.0.0.1, or pass \
+         --insecure-no-auth"
+    )]
+    Unprotected { addr: SocketAddr },
+    #[error("cannot read the API key file {}: {source}", path.display())]
+    KeyFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: an API key may not be empty or contain whitespace")]
+    BadKey { what: String },
+    #[error("--{flag} must be at least {min}")]
+    TooSmall { flag: &'static str, min: u64 },
+    #[error("--{flag} must be a positive number of seconds, got {value}")]
+    BadSeconds { flag: &'static str, value: f64 },
+}
+
+/// Flags of `onebit-tts serve` that configure the HTTP side (docs/api.md, "Configuration").
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "ONEBIT_HOST", default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    #[arg(long, env = "ONEBIT_PORT", default_value_t = 8880)]
+    pub port: u16,
+    /// Requests that may wait while one runs; more get 429.
+    #[arg(long, env = "ONEBIT_QUEUE_DEPTH", default_value_t = 8)]
+    pub queue_depth: usize,
+    /// Largest request body in bytes (413 above).
+    #[arg(long, env = "ONEBIT_MAX_BODY_BYTES", default_value_t = 65_536)]
+    pub max_body_bytes: usize,
+    /// Longest `input` in characters (400 above).
+    #[arg(long, env = "ONEBIT_MAX_INPUT_CHARS", default_value_t = 4096)]
+    pub max_input_chars: usize,
+    /// Seconds a request may run before it is cancelled.
+    #[arg(long, env = "ONEBIT_REQUEST_TIMEOUT_S", default_value_t = 300)]
+    pub request_timeout_s: u64,
+    /// Seconds in-flight requests may run on after SIGINT/SIGTERM.
+    #[arg(long, env = "ONEBIT_SHUTDOWN_GRACE_S", default_value_t = 30)]
+    pub shutdown_grace_s: u64,
+    /// An API key clients must send as `Authorization: Bearer KEY` (repeatable; ONEBIT_API_KEYS
+    /// takes a comma-separated list).
+    #[arg(
+        long = "api-key",
+        env = "ONEBIT_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_keys: Vec<String>,
+    /// A file of API keys, one per line (blank lines and `#` comments skipped).
+    #[arg(long, env = "ONEBIT_API_KEY_FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// Listen on a non-loopback address without any API key.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+    /// A Host name to accept besides the listen address's own (repeatable; `*` accepts any).
+    #[arg(
+        long = "allowed-host",
+        env = "ONEBIT_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+    /// A browser origin allowed to call the API (repeatable; `*` allows any); none: CORS off.
+    #[arg(
+        long = "cors-origin",
+        env = "ONEBIT_CORS_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub cors_origins: Vec<String>,
+    /// Seconds a connection may take to send a request head, counted from its opening or from
+    /// its previous response (so also the idle keep-alive time).
+    #[arg(long, env = "ONEBIT_HEADER_TIMEOUT_S", default_value_t = 10.0)]
+    pub header_timeout_s: f64,
+    /// Seconds the request body may take to arrive.
+    #[arg(long, env = "ONEBIT_BODY_TIMEOUT_S", default_value_t = 30.0)]
+    pub body_timeout_s: f64,
+    /// Seconds a response write may stall (client not reading) before the connection is closed.
+    #[arg(long, env = "ONEBIT_WRITE_TIMEOUT_S", default_value_t = 30.0)]
+    pub write_timeout_s: f64,
+    /// Open connections at most; more are answered 503 and closed.
+    #[arg(long, env = "ONEBIT_MAX_CONNECTIONS", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Largest whole (not streamed) response in MiB of 16-bit audio; larger ones are refused (400).
+    #[arg(long, env = "ONEBIT_MAX_RESPONSE_MB", default_value_t = 64)]
+    pub max_response_mb: usize,
+}
+
+fn secs(s: f64, flag: &'static str) -> Result<Duration, ConfigError> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or(ConfigError::BadSeconds { flag, value: s })
+}
+
+impl ServeArgs {
+    /// The server's configuration: keys read and checked, and the refusal to serve other
+    /// machines without a key (checked here, before minutes of model loading).
+    pub fn config(&self, device: String) -> Result<ServerConfig, ConfigError> {
+        let mut keys = Vec::new();
+        for k in &self.api_keys {
+            keys.push(checked_key(k, "--api-key / ONEBIT_API_KEYS")?);
+        }
+        if let Some(path) = &self.api_key_file {
+            keys.extend(read_key_file(path)?);
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::TooSmall {
+                flag: "max-connections",
+                min: 1,
+            });
+        }
+        if self.max_response_mb == 0 {
+            return Err(ConfigError::TooSmall {
+                flag: "max-response-mb",
+                min: 1,
+            });
+        }
+        let cfg = ServerConfig {
+            addr: SocketAddr::new(self.host, self.port),
+            queue_depth: self.queue_depth,
+            max_body_bytes: self.max_body_bytes,
+            max_input_chars: self.max_input_chars,
+            request_timeout: Duration::from_secs(self.request_timeout_s),
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_s),
+            retry_after_s: 1,
+            device,
+            api_keys: keys,
+            allowed_hosts: self.allowed_hosts.clone(),
+            cors_origins: self.cors_origins.clone(),
+            header_timeout: secs(self.header_timeout_s, "header-timeout-s")?,
+            body_timeout: secs(self.body_timeout_s, "body-timeout-s")?,
+            write_timeout: secs(self.write_timeout_s, "write-timeout-s")?,
+            max_connections: self.max_connections,
+            max_response_bytes: self.max_response_mb.saturating_mul(1 << 20),
+            insecure_no_auth: self.insecure_no_auth,
+        };
+        cfg.check_exposure()?;
+        Ok(cfg)
+    }
+}
+
+impl ServerConfig {
+    /// A server other machines can reach must have a key, unless the operator says otherwise
+    /// (`--insecure-no-auth`), and then it says so loudly.
+    pub fn check_exposure(&self) -> Result<(), ConfigError> {
+        if self.addr.ip().is_loopback() || !self.api_keys.is_empty() {
+            return Ok(());
+        }
+        if !self.insecure_no_auth {
+            return Err(ConfigError::Unprotected { addr: self.addr });
+        }
+        let warning = format!(
+            "listening on {} without an API key (--insecure-no-auth): anyone who can reach this \
+             address can use the server",
+            self.addr
+        );
+        tracing::warn!("{warning}");
+        eprintln!("warning: {warning}");
+        Ok(())
+    }
+}
+
+fn checked_key(k: &str, what: &str) -> Result<String, ConfigError> {
+    let k = k.trim();
+    if k.is_empty() || k.chars().any(char::is_whitespace) {
+        return Err(ConfigError::BadKey { what: what.into() });
+    }
+    Ok(k.to_owned())
+}
+
+fn read_key_file(path: &Path) -> Result<Vec<String>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::KeyFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| (i, l.trim()))
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
+        .map(|(i, l)| checked_key(l, &format!("{} line {}", path.display(), i + 1)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ServerConfig, ConfigError> {
+        let cli = Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
+            .expect("flags parse");
+        cli.args.config("cpu".into())
+    }
+
+    #[test]
+    fn a_non_loopback_address_needs_a_key_or_the_insecure_flag() {
+        let e = parse(&["--host", "0.0.0.0"]).unwrap_err();
+        assert!(matches!(e, ConfigError::Unprotected { .. }), "{e}");
+        assert!(e.to_string().contains("--insecure-no-auth"), "{e}");
+        let cfg = parse(&["--host", "0.0.0.0", "--api-key", "k1", "--api-key", "k2"]).unwrap();
+        assert_eq!(cfg.api_keys, ["k1", "k2"]);
+        assert!(parse(&["--host", "0.0.0.0", "--insecure-no-auth"]).is_ok());
+        assert!(parse(&["--host", "::1"]).is_ok());
+    }
+
+    #[test]
+    fn keys_come_from_flags_and_a_file() {
+        let dir = std::env::temp_dir().join(format!("onebit-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("keys");
+        std::fs::write(&file, "# ops\nfile-key-1\n\n  file-key-2  \n").unwrap();
+        let cfg = parse(&["--api-key", "a", "--api-key-file", file.to_str().unwrap()]).unwrap();
+        assert_eq!(cfg.api_keys, ["a", "file-key-1", "file-key-2"]);
+        std::fs::write(&file, "two words\n").unwrap();
+        let e = parse(&["--api-key-file", file.to_str().unwrap()]).unwrap_err();
+        assert!(e.to_string().contains("line 1"), "{e}");
+        let e = parse(&["--api-key-file", dir.join("none").to_str().unwrap()]).unwrap_err();
+        assert!(matches!(e, ConfigError::KeyFile { .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

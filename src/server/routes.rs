@@ -1,0 +1,238 @@
+//! The router: every route's handler, and the speech handler that ties schema, admission, the
+//! runner and the response framing together.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
+
+use super::admission::{Admission, CancelOnDrop, check_host, check_key, cors};
+use super::errors::ApiError;
+use super::metrics::Metrics;
+use super::runner::{CHUNKS_IN_FLIGHT, Chunk, run_job};
+use super::schema::{StreamFormat, check_content_type, parse_body, read_body};
+use super::stream::{add_report_headers, response_stream};
+use super::{AppState, ServerConfig};
+use crate::engine::CancelToken;
+use crate::synth::Synthesizer;
+
+/// Builds the router; `serve` runs it.
+pub fn router(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Router {
+    build(synth, cfg).0
+}
+
+pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<AppState>) {
+    let state = Arc::new(AppState {
+        engine: synth.engine_description(),
+        synth,
+        gate: Arc::new(Semaphore::new(1)),
+        metrics: Metrics::default(),
+        admitted: AtomicUsize::new(0),
+        inflight: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(1),
+        shutting_down: AtomicBool::new(false),
+        cfg,
+    });
+    let mut router = Router::new()
+        .route("/v1/audio/speech", post(speech))
+        .route("/v1/audio/voices", get(voices))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_route))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // Layers run last-added first: Host, then CORS (which answers preflights, sent without
+        // credentials), then the key.
+        .layer(middleware::from_fn_with_state(state.clone(), check_key));
+    if let Some(cors) = cors(&state.cfg.cors_origins) {
+        router = router.layer(cors);
+    }
+    let router = router
+        .layer(middleware::from_fn_with_state(state.clone(), check_host))
+        .with_state(state.clone());
+    (router, state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found()
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}
+
+async fn voices(State(st): State<Arc<AppState>>) -> Response {
+    let voices: Vec<_> = st
+        .synth
+        .voices()
+        .iter()
+        .map(|(v, _)| {
+            serde_json::json!({"name": v.name, "language": v.language, "reference_seconds": v.seconds()})
+        })
+        .collect();
+    axum::Json(serde_json::json!({ "voices": voices })).into_response()
+}
+
+fn model_id(st: &AppState) -> String {
+    st.synth
+        .package()
+        .dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("neutts-air")
+        .to_owned()
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    axum::Json(serde_json::json!({"object": "list", "data": [
+        {"id": model_id(&st), "object": "model", "owned_by": "onebit-tts", "created": 0}
+    ]}))
+    .into_response()
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let stopping = st.shutting_down.load(Ordering::SeqCst);
+    let worker = st.synth.worker().map(|w| w.state());
+    // A worker that cannot be replaced yet (an NPU holder still exiting, a respawn that failed
+    // the residency gate) leaves nothing to serve with: say so, so a balancer looks elsewhere.
+    let unavailable = worker.as_ref().is_some_and(|w| w.is_unavailable());
+    let status = match (stopping, unavailable) {
+        (true, _) => "shutting_down",
+        (false, true) => "unavailable",
+        (false, false) => "ok",
+    };
+    let body = axum::Json(serde_json::json!({
+        "status": status,
+        "ready": !stopping && !unavailable,
+        "worker": worker.as_ref().map(|w| {
+            let mut v = serde_json::to_value(w).unwrap_or_default();
+            v["detail"] = w.to_string().into();
+            v
+        }),
+        "model": model_id(&st),
+        "device": st.cfg.device,
+        "engine": st.engine,
+        "residency": st.synth.residency(),
+        "runtime": st.synth.runtime(),
+        "queue_depth": st.metrics.queued.load(Ordering::SeqCst),
+        "running": st.metrics.running.load(Ordering::SeqCst),
+    }));
+    let code = if stopping || unavailable {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (code, body).into_response()
+}
+
+async fn metrics_route(State(st): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn speech(State(st): State<Arc<AppState>>, request: Request) -> Response {
+    let arrived = Instant::now();
+    match speech_inner(&st, arrived, request).await {
+        Ok(r) => r,
+        Err(e) => {
+            st.metrics.request(e.status.as_u16());
+            e.into_response()
+        }
+    }
+}
+
+/// Errors before admission are rejections; after it the runner counts why a request ended.
+fn before_queue<T>(st: &AppState, r: Result<T, ApiError>) -> Result<T, ApiError> {
+    if let Err(e) = &r {
+        st.metrics.rejected(e.code);
+    }
+    r
+}
+
+async fn speech_inner(
+    st: &Arc<AppState>,
+    arrived: Instant,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let token = CancelToken::new();
+    let checked = async {
+        check_content_type(&parts.headers)?;
+        let bytes = read_body(st, &parts.headers, body).await?;
+        let (req, stream) = parse_body(st, &bytes)?;
+        if st.shutting_down.load(Ordering::SeqCst) {
+            return Err(ApiError::shutting_down());
+        }
+        let admission = Admission::try_new(st, &token)
+            .ok_or_else(|| ApiError::busy(st.cfg.retry_after_s, st.cfg.queue_depth))?;
+        Ok((req, stream, admission))
+    }
+    .await;
+    let (req, stream, admission) = before_queue(st, checked)?;
+    let guard = CancelOnDrop(token.clone());
+    let (tx, mut rx) = mpsc::channel::<Chunk>(CHUNKS_IN_FLIGHT);
+    let content_type = req.output.format.content_type();
+    let deadline = arrived + st.cfg.request_timeout;
+    tokio::spawn(run_job(st.clone(), req, token, tx, admission, deadline));
+
+    match stream {
+        StreamFormat::None => {
+            let mut body = Vec::new();
+            loop {
+                match rx.recv().await {
+                    // A whole WAV, FLAC or MP3 comes as one chunk: keep it, do not copy it.
+                    Some(Chunk::Bytes(b)) if body.is_empty() => body = b,
+                    Some(Chunk::Bytes(b)) => body.extend_from_slice(&b),
+                    Some(Chunk::Done(Ok(report))) => {
+                        st.metrics.request(200);
+                        drop(guard);
+                        let mut r = Response::new(Body::from(body));
+                        r.headers_mut().insert(
+                            header::CONTENT_TYPE,
+                            header::HeaderValue::from_static(content_type),
+                        );
+                        add_report_headers(r.headers_mut(), &report);
+                        return Ok(r);
+                    }
+                    Some(Chunk::Done(Err(e))) => return Err(e),
+                    None => {
+                        return Err(ApiError::unavailable(
+                            "the synthesis job ended without a result",
+                        ));
+                    }
+                }
+            }
+        }
+        StreamFormat::Audio | StreamFormat::Sse => {
+            let sse = stream == StreamFormat::Sse;
+            st.metrics.request(200);
+            let body_stream = response_stream(rx, guard, sse);
+            let mut r = Response::new(Body::from_stream(body_stream));
+            let ct = if sse {
+                "text/event-stream"
+            } else {
+                content_type
+            };
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(ct));
+            r.headers_mut().insert(
+                header::CACHE_CONTROL,
+                header::HeaderValue::from_static("no-cache"),
+            );
+            Ok(r)
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! The request body of `POST /v1/audio/speech` and its validation: reading the body within its
+//! limit, the Content-Type rule, the JSON schema, and every field check, ending in a
+//! [`SpeechRequest`] for the synthesizer.
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, header};
+use futures_util::StreamExt as _;
+use serde::Deserialize;
+
+use super::AppState;
+use super::errors::ApiError;
+use crate::audio::{AudioFormat, OutputSpec};
+use crate::engine::{GenerationParams, SamplingParams};
+use crate::synth::{SpeechRequest, SynthError};
+use crate::text::Language;
+
+/// `voice`: a name, or OpenAI's custom-voice object `{"id": NAME}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum VoiceField {
+    Name(String),
+    Object { id: String },
+}
+
+/// The request body of `POST /v1/audio/speech`: OpenAI's fields plus extensions.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SpeechBody {
+    /// Accepted for compatibility: the server has one model.
+    #[serde(default)]
+    #[allow(dead_code)]
+    model: Option<String>,
+    input: String,
+    voice: VoiceField,
+    #[serde(default)]
+    response_format: Option<String>,
+    #[serde(default)]
+    speed: Option<f32>,
+    #[serde(default)]
+    stream_format: Option<String>,
+    /// Accepted for compatibility; NeuTTS has no instruction input, so it is ignored.
+    #[serde(default)]
+    #[allow(dead_code)]
+    instructions: Option<String>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    top_k: Option<usize>,
+    #[serde(default)]
+    top_p: Option<f32>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    sample_rate: Option<u32>,
+    /// Most codes to generate (50 per second of audio); the model's context bounds it too.
+    #[serde(default)]
+    max_new_tokens: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StreamFormat {
+    /// A complete file in one body.
+    None,
+    /// Raw bytes streamed as they are made.
+    Audio,
+    /// Server-sent events with base64 audio.
+    Sse,
+}
+
+/// Most bytes of an oversized body read and thrown away before the 413 is sent: a client that is
+/// still sending when the server closes would see a reset instead of the answer.
+const DRAIN_CAP: u64 = 1 << 20;
+
+/// Reads the body up to the limit within `body_timeout`: 413 past the limit, 408 past the time,
+/// 400 when the client breaks off.
+pub(super) async fn read_body(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
+    let limit = st.cfg.max_body_bytes;
+    let timeout = st.cfg.body_timeout;
+    tokio::time::timeout(timeout, read_limited(limit, headers, body))
+        .await
+        .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout)))
+}
+
+async fn read_limited(limit: usize, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut stream = body.into_data_stream();
+    if declared.is_some_and(|n| n > limit as u64) {
+        if declared.is_some_and(|n| n <= DRAIN_CAP) {
+            drain(&mut stream, 0).await;
+        }
+        return Err(ApiError::body_too_large(limit));
+    }
+    let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(ApiError::body_unreadable)?;
+        if out.len() + chunk.len() > limit {
+            drain(&mut stream, (out.len() + chunk.len()) as u64).await;
+            return Err(ApiError::body_too_large(limit));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Reads and drops the rest of a body, up to [`DRAIN_CAP`] bytes in all.
+async fn drain(stream: &mut axum::body::BodyDataStream, mut seen: u64) {
+    while seen <= DRAIN_CAP {
+        match stream.next().await {
+            Some(Ok(chunk)) => seen += chunk.len() as u64,
+            _ => return,
+        }
+    }
+}
+
+/// JSON endpoints take `application/json` only (parameters such as `charset` aside): a browser
+/// page can send a form or `text/plain` to any address without asking (no CORS preflight), but
+/// not JSON, so refusing the rest keeps other sites' pages from using a local server.
+pub(super) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("(not text)"))
+        .unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim();
+    if mime.eq_ignore_ascii_case("application/json") {
+        return Ok(());
+    }
+    Err(ApiError::unsupported_media_type(if ct.is_empty() {
+        "(none)"
+    } else {
+        ct
+    }))
+}
+
+pub(super) fn parse_body(
+    st: &AppState,
+    bytes: &[u8],
+) -> Result<(SpeechRequest, StreamFormat), ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(ApiError::invalid_json)?;
+    if !value.is_object() {
+        return Err(ApiError::invalid_type("the body must be a JSON object"));
+    }
+    let body: SpeechBody = serde_json::from_value(value)
+        .map_err(|e| ApiError::invalid_type(format!("invalid request body: {e}")))?;
+
+    if body.input.trim().is_empty() {
+        return Err(ApiError::empty_input());
+    }
+    let chars = body.input.chars().count();
+    if chars > st.cfg.max_input_chars {
+        return Err(ApiError::input_too_long(chars, st.cfg.max_input_chars));
+    }
+    let voice = match body.voice {
+        VoiceField::Name(n) | VoiceField::Object { id: n } => n,
+    };
+    if let Err(e) = st.synth.voices().get(&voice) {
+        return Err(SynthError::Voice(e).into());
+    }
+    let format = match body.response_format.as_deref() {
+        None => AudioFormat::Mp3,
+        Some(f) => AudioFormat::from_openai_name(f)?,
+    };
+    let speed = body.speed.unwrap_or(1.0);
+    crate::audio::check_speed(speed)?;
+    let sample_rate = body
+        .sample_rate
+        .unwrap_or(crate::package::CODEC_SAMPLE_RATE);
+    crate::audio::check_output_rate(sample_rate)?;
+    let stream = match body.stream_format.as_deref() {
+        None => StreamFormat::None,
+        Some("audio") => StreamFormat::Audio,
+        Some("sse") => StreamFormat::Sse,
+        Some(other) => {
+            return Err(ApiError::invalid_value(
+                "stream_format",
+                format!("unknown stream_format {other:?} (supported: audio, sse)"),
+            ));
+        }
+    };
+    let language = body
+        .language
+        .as_deref()
+        .map(str::parse::<Language>)
+        .transpose()?;
+    let defaults = SamplingParams::default();
+    let sampling = SamplingParams {
+        temperature: body.temperature.unwrap_or(defaults.temperature),
+        top_k: body.top_k.unwrap_or(defaults.top_k),
+        top_p: body.top_p.unwrap_or(defaults.top_p),
+        seed: body.seed,
+    };
+    sampling.validate()?;
+    if body.max_new_tokens == Some(0) {
+        return Err(ApiError::invalid_value(
+            "max_new_tokens",
+            "max_new_tokens must be at least 1",
+        ));
+    }
+    let req = SpeechRequest {
+        text: body.input,
+        voice,
+        language,
+        input_format: None,
+        emotion: None,
+        generation: GenerationParams {
+            sampling,
+            max_new_tokens: body.max_new_tokens,
+            ..GenerationParams::default()
+        },
+        output: OutputSpec {
+            format,
+            sample_rate,
+            speed,
+            streaming: stream != StreamFormat::None,
+        },
+    };
+    Ok((req, stream))
+}

@@ -1,0 +1,157 @@
+//! Serving a listener and stopping: SIGINT/SIGTERM, the grace for in-flight requests, cancelling
+//! what is left, and waiting for the engine to be idle.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+use super::ServerConfig;
+use super::config::ConfigError;
+use super::conn::{refuse_connection, serve_connection};
+use super::routes::build;
+use crate::synth::Synthesizer;
+
+/// How long cancelled requests get to wind down after the shutdown grace before [`serve_on`]
+/// stops waiting for their connections.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
+/// Runs the server until SIGINT/SIGTERM, then stops accepting, lets in-flight requests finish for
+/// the grace period, cancels the rest, and returns (dropping the engine before the runtime).
+/// Refuses a non-loopback address without an API key (see [`ServerConfig::check_exposure`];
+/// `ServeArgs::config` already applied `--insecure-no-auth`).
+pub async fn serve(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Result<(), ServeError> {
+    if !cfg.addr.ip().is_loopback() && cfg.api_keys.is_empty() && !cfg.insecure_no_auth {
+        return Err(ConfigError::Unprotected { addr: cfg.addr }.into());
+    }
+    let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
+    Ok(serve_on(listener, synth, cfg, shutdown_signal()).await?)
+}
+
+/// Why [`serve`] stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// [`serve`] on a bound listener with any shutdown future (tests use loopback port 0).
+///
+/// Connections beyond `max_connections` get a 503 and are closed. When `shutdown` completes: the
+/// listener closes (new connections are refused), connections with no request in flight close
+/// at once, in-flight requests may finish within `shutdown_grace`; then they are cancelled
+/// (streams end with an error, whole responses get 503) and get [`SHUTDOWN_DRAIN`] to wind down.
+/// Returns once every connection is closed (or the drain is over) and the engine is idle.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    synth: Arc<Synthesizer>,
+    mut cfg: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let grace = cfg.shutdown_grace;
+    // The Host check compares with the address actually bound (port 0 and all).
+    cfg.addr = listener.local_addr()?;
+    let (app, state) = build(synth, cfg);
+    tracing::info!(addr = %state.cfg.addr, "listening");
+    if !state.cfg.api_keys.is_empty() {
+        tracing::info!(
+            keys = state.cfg.api_keys.len(),
+            "API keys set: every route but /health needs Authorization: Bearer KEY"
+        );
+    }
+    let places = Arc::new(Semaphore::new(state.cfg.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => match places.clone().try_acquire_owned() {
+                    Ok(place) => {
+                        connections.spawn(serve_connection(
+                            stream, app.clone(), state.clone(), stop_rx.clone(), place,
+                        ));
+                    }
+                    Err(_) => refuse_connection(stream, &state),
+                },
+                // Out of file descriptors, most likely: the connections that hold them end
+                // by themselves (timeouts), so wait a little rather than spin.
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    state.shutting_down.store(true, Ordering::SeqCst);
+    tracing::info!(
+        grace_s = grace.as_secs_f64(),
+        "shutting down: no new connections; idle ones close now; in-flight requests get the grace period"
+    );
+    let _ = stop_tx.send(true);
+    // Owns the connections: dropping it aborts whatever is still open.
+    let mut all_closed = Box::pin(async move { while connections.join_next().await.is_some() {} });
+    let closed_in_grace = tokio::select! {
+        _ = &mut all_closed => true,
+        _ = tokio::time::sleep(grace) => false,
+    };
+    if !closed_in_grace {
+        let n = state.cancel_all();
+        if n > 0 {
+            tracing::warn!(n, "grace over: cancelling in-flight requests");
+        }
+        if tokio::time::timeout(SHUTDOWN_DRAIN, &mut all_closed)
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after the grace and drain; closing them");
+        }
+    }
+    // Nothing may start any more; what still runs (a request whose client left) is cancelled and
+    // stops within one code. Waiting for the gate means the engine is idle.
+    state.cancel_all();
+    match tokio::time::timeout(SHUTDOWN_DRAIN, state.gate.acquire()).await {
+        Ok(Ok(permit)) => drop(permit),
+        _ => tracing::warn!("the engine did not stop in time"),
+    }
+    drop(all_closed);
+    state.gate.close();
+    // The engine sessions go before the runtime: the last Arc of the synthesizer drops when the
+    // caller drops its own, on a normal thread, and main returns after.
+    drop(app);
+    drop(state);
+    Ok(())
+}
+
+/// Pause after a failed accept (EMFILE and the like) before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    // Registered here, before the server logs "listening": a SIGTERM that arrives as soon as the
+    // server can be seen must already find our handler, not the default action that kills the
+    // process with its worker still running.
+    let int = signal(SignalKind::interrupt()).ok();
+    let term = signal(SignalKind::terminate()).ok();
+    async fn wait(s: Option<Signal>) {
+        match s {
+            Some(mut s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+    async move {
+        tokio::select! {
+            _ = wait(int) => {},
+            _ = wait(term) => {},
+        }
+    }
+}

@@ -1,0 +1,129 @@
+// The official OpenAI Node SDK (npm `openai`, installed by scripts/setup.sh into .onebit/node)
+// against a running `onebit-tts serve` with an API key:
+//
+//     OPENAI_API_KEY=KEY NODE_PATH=.onebit/node/node_modules node tests/node/openai_client.js \
+//         --base-url http://127.0.0.1:PORT/v1 --expect-samples 57600
+//
+// tests/openai_sdk.rs starts the server on the tiny package and runs this. Greedy decoding
+// (`temperature: 0`, an extension field the SDK passes through) makes the length known.
+// Covers `client.audio.speech.create(...)` in every format, streamed raw (`stream_format:
+// "audio"`), the SDK's BadRequestError for a refused format and AuthenticationError for a wrong
+// key. Prints one line per check, then "N passed, M failed"; exits non-zero on any failure.
+"use strict";
+
+const OpenAI = require("openai");
+
+const TEXT = "Hello world, this is a test.";
+const RATE = 24000;
+
+function arg(name) {
+  const i = process.argv.indexOf(name);
+  if (i < 0 || i + 1 >= process.argv.length) throw new Error(`missing ${name}`);
+  return process.argv[i + 1];
+}
+
+function assert(ok, msg) {
+  if (!ok) throw new Error(msg);
+}
+
+// Samples of a 16-bit mono WAV at 24 kHz; a streamed one says "unknown length" (0xFFFFFFFF), so
+// its samples are what follows the header.
+function wavSamples(buf, streamed) {
+  assert(buf.toString("ascii", 0, 4) === "RIFF" && buf.toString("ascii", 8, 12) === "WAVE", "not a WAV");
+  assert(buf.readUInt16LE(22) === 1, "channels");
+  assert(buf.readUInt32LE(24) === RATE, "rate");
+  assert(buf.readUInt16LE(34) === 16, "bits");
+  assert(buf.toString("ascii", 36, 40) === "data", "data chunk");
+  const declared = buf.readUInt32LE(40);
+  if (streamed) {
+    assert(declared === 0xffffffff, `streamed data length ${declared}`);
+  } else {
+    assert(declared === buf.length - 44, `data length ${declared} of ${buf.length - 44}`);
+  }
+  return (buf.length - 44) / 2;
+}
+
+function check(format, buf, samples, streamed) {
+  if (format === "wav") {
+    const n = wavSamples(buf, streamed);
+    assert(n === samples, `wav: ${n} samples, expected ${samples}`);
+  } else if (format === "pcm") {
+    assert(buf.length === 2 * samples, `pcm: ${buf.length / 2} samples, expected ${samples}`);
+  } else if (format === "mp3") {
+    assert(buf.toString("ascii", 0, 3) === "ID3" || (buf[0] === 0xff && (buf[1] & 0xe0) === 0xe0), "mp3 magic");
+  } else if (format === "opus") {
+    assert(buf.toString("ascii", 0, 4) === "OggS" && buf.toString("ascii", 28, 36) === "OpusHead", "opus magic");
+  } else if (format === "flac") {
+    assert(buf.toString("ascii", 0, 4) === "fLaC", "flac magic");
+  }
+  assert(buf.length >= 1000, `${format}: only ${buf.length} bytes`);
+  return `${buf.length} bytes`;
+}
+
+async function main() {
+  const baseURL = arg("--base-url");
+  const samples = Number(arg("--expect-samples"));
+  const apiKey = process.env.OPENAI_API_KEY;
+  assert(apiKey, "OPENAI_API_KEY is not set");
+  const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 120000 });
+  const results = [];
+  async function run(name, fn) {
+    try {
+      const detail = await fn();
+      console.log(`PASS ${name}${detail ? ": " + detail : ""}`);
+      results.push(true);
+    } catch (e) {
+      console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
+      results.push(false);
+    }
+  }
+  const speak = (extra) =>
+    client.audio.speech.create({ model: "tiny", voice: "test", input: TEXT, temperature: 0, ...extra });
+
+  for (const format of ["mp3", "opus", "flac", "wav", "pcm"]) {
+    await run(`speech.create response_format=${format}`, async () => {
+      const r = await speak({ response_format: format });
+      return check(format, Buffer.from(await r.arrayBuffer()), samples, false);
+    });
+  }
+  for (const format of ["wav", "pcm"]) {
+    await run(`stream_format=audio response_format=${format}`, async () => {
+      const r = await speak({ response_format: format, stream_format: "audio" });
+      const parts = [];
+      for await (const chunk of r.body) parts.push(Buffer.from(chunk));
+      assert(parts.length > 1, `${parts.length} chunk(s)`);
+      return check(format, Buffer.concat(parts), samples, true);
+    });
+  }
+  await run("response_format=aac is refused", async () => {
+    try {
+      await speak({ response_format: "aac" });
+    } catch (e) {
+      assert(e instanceof OpenAI.BadRequestError, `${e}`);
+      assert(e.status === 400 && e.code === "unsupported_value" && e.param === "response_format", `${e.status} ${e.code} ${e.param}`);
+      return "400 unsupported_value";
+    }
+    throw new Error("expected a 400");
+  });
+  await run("a wrong API key gets AuthenticationError", async () => {
+    const bad = new OpenAI({ baseURL, apiKey: apiKey + "-wrong", maxRetries: 0 });
+    try {
+      await bad.audio.speech.create({ model: "tiny", voice: "test", input: TEXT });
+    } catch (e) {
+      assert(e instanceof OpenAI.AuthenticationError, `${e}`);
+      assert(e.status === 401 && e.code === "invalid_api_key", `${e.status} ${e.code}`);
+      return "401 invalid_api_key";
+    }
+    throw new Error("expected a 401");
+  });
+
+  const passed = results.filter(Boolean).length;
+  console.log(`${passed} passed, ${results.length - passed} failed`);
+  process.exitCode = passed === results.length ? 0 : 1;
+}
+
+main().catch((e) => {
+  console.log(`FAIL setup: ${e && e.stack ? e.stack : e}`);
+  console.log("0 passed, 1 failed");
+  process.exitCode = 1;
+});
