@@ -225,6 +225,48 @@ fn a_prompt_over_the_budget_is_refused_before_any_work() {
 }
 
 #[test]
+fn sampling_out_of_range_is_refused_naming_its_parameter() {
+    let (pkg, mut b) = load("tiny", KvMode::Growing);
+    let c = candidates(&pkg);
+    let prompt = &prompts(&pkg)[0];
+    for (sampling, param) in [
+        (
+            SamplingParams {
+                temperature: 9.0,
+                ..SamplingParams::greedy()
+            },
+            "temperature",
+        ),
+        (
+            SamplingParams {
+                top_p: 0.0,
+                ..SamplingParams::greedy()
+            },
+            "top_p",
+        ),
+    ] {
+        let params = GenerationParams {
+            sampling,
+            ..greedy(0, Some(4))
+        };
+        let err = engine::generate(
+            &mut b,
+            &c,
+            prompt,
+            &params,
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .unwrap_err();
+        match err {
+            EngineError::Sampling(e) => assert_eq!(e.param, param),
+            other => panic!("{param}: {other}"),
+        }
+        assert_eq!(b.len(), 0, "no token was run");
+    }
+}
+
+#[test]
 fn generation_stops_within_one_step_of_cancellation() {
     let (pkg, mut b) = load("tiny-random", KvMode::Growing);
     let c = candidates(&pkg);

@@ -53,6 +53,10 @@ pub enum EngineError {
     Graph(String),
     #[error("sampling: {0}")]
     Sample(#[from] SampleError),
+    /// A sampling setting out of range, naming the parameter.
+    #[error("invalid generation settings: {0}")]
+    Sampling(#[from] InvalidSampling),
+    /// Settings the engine itself refuses (onnxruntime-genai's options, paths), as its text.
     #[error("invalid generation settings: {0}")]
     Params(String),
     /// A call into onnxruntime-genai failed; `message` is OGA's own error text.
@@ -293,10 +297,7 @@ pub fn generate(
     cancel: &CancelToken,
     on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Generation, EngineError> {
-    params
-        .sampling
-        .validate()
-        .map_err(|e| EngineError::Params(e.to_string()))?;
+    params.sampling.validate()?;
     if prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }

@@ -291,6 +291,7 @@ impl From<SynthError> for ApiError {
             ) => ApiError::field("input", "context_length_exceeded", msg),
             SynthError::Text(e) => e.into(),
             SynthError::Audio(e) => e.into(),
+            SynthError::Engine(EngineError::Sampling(e)) => e.into(),
             SynthError::Engine(EngineError::Params(_)) => {
                 ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", msg)
             }
@@ -301,5 +302,28 @@ impl From<SynthError> for ApiError {
             // Saved codes are decoded by `onebit-tts decode`, never by a request.
             SynthError::Codes(_) => ApiError::internal(msg),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sampling error from the engine points at its request field by the variant's own
+    /// parameter name, not by the message text.
+    #[test]
+    fn an_engine_sampling_error_names_its_field() {
+        let e = SynthError::Engine(EngineError::Sampling(InvalidSampling {
+            param: "top_p",
+            expected: "in (0, 1]",
+            got: "0".into(),
+        }));
+        let api = ApiError::from(e);
+        assert_eq!(api.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            (api.kind, api.param, api.code),
+            ("invalid_request_error", Some("top_p"), "invalid_value")
+        );
+        assert!(api.message.contains("top_p must be in (0, 1], got 0"));
     }
 }

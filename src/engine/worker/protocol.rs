@@ -239,6 +239,7 @@ impl From<&EngineError> for WireError {
             EngineError::Graph(m) => WireError::Graph(m.clone()),
             EngineError::Sample(s) => WireError::Sample(s.to_string()),
             EngineError::Params(m) => WireError::Params(m.clone()),
+            EngineError::Sampling(s) => WireError::Params(s.to_string()),
             EngineError::Device(m) => WireError::Device(m.clone()),
             other => WireError::Other(other.to_string()),
         }

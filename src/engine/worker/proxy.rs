@@ -922,6 +922,8 @@ impl Engine for WorkerEngine {
         cancel: &CancelToken,
         on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<Generation, EngineError> {
+        // Checked here, typed, rather than by the worker, whose answer would be text.
+        params.sampling.validate()?;
         self.ensure_live()?;
         let id = self.next_id;
         self.next_id += 1;
