@@ -1670,14 +1670,16 @@ async fn health_answers_while_thousands_of_idle_connections_are_open() {
         limit > 2 * IDLE as u64 + 200,
         "open-file limit {limit} too low"
     );
-    // The idle ones, the test client's pooled connection and one more.
+    // The idle ones, the one keep-alive connection this test asks on, and one more. The test
+    // asks over its own connection: a pooling client may open a second one whenever its first
+    // is not back in the pool yet, which would make the count depend on timing.
     let cfg = ServerConfig {
         max_connections: IDLE + 2,
         header_timeout: Duration::from_secs(120),
         ..config()
     };
     let s = Server::start(tiny(), cfg).await;
-    let c = client();
+    let mut mon = KeepAlive::open(s.addr).await;
     let mut idle = Vec::with_capacity(IDLE);
     for i in 0..IDLE {
         let conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
@@ -1693,31 +1695,26 @@ async fn health_answers_while_thousands_of_idle_connections_are_open() {
             idle.push(conn);
         }
     }
-    wait_metric(&c, &s, "onebit_connections_open", |v| v >= IDLE as f64).await;
+    mon.wait_open(|v| v == (IDLE + 1) as f64).await;
     let start = Instant::now();
-    let r = tokio::time::timeout(Duration::from_secs(2), c.get(s.url("/health")).send())
+    let (status, _) = tokio::time::timeout(Duration::from_secs(2), mon.get("/health"))
         .await
-        .expect("/health within 2 s")
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
+        .expect("/health within 2 s");
+    assert_eq!(status, 200);
     eprintln!(
         "/health with {IDLE} idle connections open: {:.1} ms",
         start.elapsed().as_secs_f64() * 1e3
     );
     // The last place, then over the limit: a 503 at once, and the connection closes.
     let extra = tokio::net::TcpStream::connect(s.addr).await.unwrap();
-    wait_metric(&c, &s, "onebit_connections_open", |v| {
-        v == (IDLE + 2) as f64
-    })
-    .await;
+    mon.wait_open(|v| v == (IDLE + 2) as f64).await;
     let a = raw(s.addr, "").await;
     assert!(a.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{a}");
     let body: Value = serde_json::from_str(a.split("\r\n\r\n").nth(1).unwrap()).unwrap();
     assert_eq!(body["error"]["code"], "too_many_connections", "{body}");
     drop(extra);
     drop(idle);
-    wait_metric(&c, &s, "onebit_connections_open", |v| v <= 1.0).await;
-    let text = metrics_text(&c, &s).await;
+    let text = mon.wait_open(|v| v == 1.0).await;
     assert_eq!(
         metric(
             &text,
@@ -1725,7 +1722,66 @@ async fn health_answers_while_thousands_of_idle_connections_are_open() {
         ),
         1.0
     );
+    drop(mon);
     s.stop().await;
+}
+
+/// One HTTP/1.1 keep-alive connection of the test's own, so it knows exactly how many
+/// connections it holds.
+struct KeepAlive {
+    conn: tokio::net::TcpStream,
+}
+
+impl KeepAlive {
+    async fn open(addr: SocketAddr) -> Self {
+        Self {
+            conn: tokio::net::TcpStream::connect(addr).await.unwrap(),
+        }
+    }
+
+    /// GETs `path`; the status and the body (read to its Content-Length).
+    async fn get(&mut self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        self.conn.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            let n = self.conn.read(&mut byte).await.unwrap();
+            assert_eq!(n, 1, "the server closed the connection mid-head");
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&buf).into_owned();
+        let status: u16 = head[9..12].parse().unwrap();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().unwrap())
+            })
+            .unwrap_or_else(|| panic!("no content-length in {head}"));
+        let mut body = vec![0u8; len];
+        self.conn.read_exact(&mut body).await.unwrap();
+        (status, String::from_utf8(body).unwrap())
+    }
+
+    /// Polls /metrics (bounded) until onebit_connections_open satisfies `ok`; the text then.
+    async fn wait_open(&mut self, ok: impl Fn(f64) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let (status, text) = self.get("/metrics").await;
+            assert_eq!(status, 200);
+            if ok(metric(&text, "onebit_connections_open")) {
+                return text;
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "onebit_connections_open never reached the expected value; last metrics:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
