@@ -40,6 +40,8 @@ pub struct PartialFile {
     tmp: PathBuf,
     target: PathBuf,
     file: Option<std::io::BufWriter<std::fs::File>>,
+    /// The first failed [`append`](Self::append), returned by the commit.
+    failed: Option<std::io::Error>,
 }
 
 impl PartialFile {
@@ -51,23 +53,43 @@ impl PartialFile {
             tmp,
             target: target.to_path_buf(),
             file: Some(std::io::BufWriter::new(file)),
+            failed: None,
         })
     }
 
-    /// The name written to until the commit.
-    pub fn partial_path(&self) -> &Path {
-        &self.tmp
+    /// Appends `bytes` from a producer that cannot take an error back (a synthesis sink);
+    /// false once a write has failed, whose error the commit then returns.
+    pub fn append(&mut self, bytes: &[u8]) -> bool {
+        if self.failed.is_none()
+            && let Err(e) = std::io::Write::write_all(self, bytes)
+        {
+            self.failed = Some(e);
+        }
+        self.failed.is_none()
     }
 
-    /// Flushes and renames the file to its final name.
+    /// Whether every append so far succeeded; the first failure otherwise (the file still
+    /// refuses to commit).
+    pub fn check(&self) -> std::io::Result<()> {
+        match &self.failed {
+            Some(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes and renames the file to its final name; the first failed append, if any, instead.
     pub fn commit(mut self) -> std::io::Result<()> {
         let Some(mut f) = self.file.take() else {
             return Ok(());
         };
-        let done = std::io::Write::flush(&mut f)
-            .and_then(|()| f.into_inner().map_err(|e| e.into_error()))
-            .and_then(|f| f.sync_all())
-            .and_then(|()| std::fs::rename(&self.tmp, &self.target));
+        let done = match self.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+        .and_then(|()| std::io::Write::flush(&mut f))
+        .and_then(|()| f.into_inner().map_err(|e| e.into_error()))
+        .and_then(|f| f.sync_all())
+        .and_then(|()| std::fs::rename(&self.tmp, &self.target));
         if done.is_err() {
             let _ = std::fs::remove_file(&self.tmp);
         }

@@ -249,6 +249,11 @@ impl BackbonePackage {
     }
 }
 
+/// Where a package's codec is: `given` (`--codec`), else the package's own `codec/`.
+pub fn codec_dir_of(package_dir: &Path, given: Option<&Path>) -> PathBuf {
+    given.map_or_else(|| package_dir.join("codec"), Path::to_path_buf)
+}
+
 impl ModelPackage {
     /// Loads the package in `dir`; the codec package is `codec_dir` or `dir/codec`.
     pub fn load(dir: &Path, codec_dir: Option<&Path>) -> Result<Self, PackageError> {
@@ -331,10 +336,7 @@ impl ModelPackage {
             InputFormat::Phonemes
         };
 
-        let codec_dir = codec_dir
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| dir.join("codec"));
-        let codec = CodecPackage::load(&codec_dir)?;
+        let codec = CodecPackage::load(&codec_dir_of(dir, codec_dir))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             genai,

@@ -11,7 +11,6 @@ use clap::Args;
 use onebit_tts::audio::OutputSpec;
 use onebit_tts::engine::CancelToken;
 use onebit_tts::metrics;
-use onebit_tts::package::ModelPackage;
 use onebit_tts::paths::PartialFile;
 use onebit_tts::synth::{FrontEnd, SpeechCodes, SynthEvent, Synthesizer};
 
@@ -126,7 +125,6 @@ fn say_to(
     let started = std::time::Instant::now();
     let mut file =
         PartialFile::create(output).with_context(|| format!("creating {}", output.display()))?;
-    let mut write_err: Option<std::io::Error> = None;
     let result = synth.synthesize(&req, &CancelToken::new(), &mut |ev| {
         match ev {
             SynthEvent::Started {
@@ -151,8 +149,7 @@ fn say_to(
                 }
             }
             SynthEvent::Audio(bytes) => {
-                if let Err(e) = std::io::Write::write_all(&mut file, bytes) {
-                    write_err = Some(e);
+                if !file.append(bytes) {
                     return ControlFlow::Break(());
                 }
             }
@@ -161,9 +158,8 @@ fn say_to(
     });
     bar.finish_and_clear();
     let report = result?;
-    if let Some(e) = write_err {
-        return Err(e).with_context(|| format!("writing {}", file.partial_path().display()));
-    }
+    file.check()
+        .with_context(|| format!("writing {}", output.display()))?;
     let codes = SpeechCodes::of(&synth, &req, &report)?;
     // The codes file first: when it cannot be written, the audio is not left behind either, so a
     // run either made everything it was asked for or nothing.
@@ -232,26 +228,19 @@ fn decode_to(model: &ModelArgs, out: &OutArgs, codes_path: &Path, output: &Path)
         SpeechCodes::from_json(&text).with_context(|| format!("{}", codes_path.display()))?;
     let spec = output_spec(out, output)?;
     let cfg = synth_config(model);
-    let codec_pkg = match &cfg.codec_dir {
-        Some(dir) => onebit_tts::package::CodecPackage::load(dir)?,
-        None => ModelPackage::load(&cfg.package_dir, None)?.codec,
-    };
+    // Only the codec is needed: the package's codec/ unless --codec names another.
+    let codec_dir = onebit_tts::package::codec_dir_of(&cfg.package_dir, cfg.codec_dir.as_deref());
+    let codec_pkg = onebit_tts::package::CodecPackage::load(&codec_dir)?;
     let mut codec = onebit_tts::synth::load_codec(&cfg, &codec_pkg)?;
     let mut file =
         PartialFile::create(output).with_context(|| format!("creating {}", output.display()))?;
-    let mut write_err: Option<std::io::Error> = None;
     let tally = codes.decode(&mut codec, codec_pkg.sample_rate, &spec, &mut |bytes| {
-        match std::io::Write::write_all(&mut file, bytes) {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(e) => {
-                write_err = Some(e);
-                ControlFlow::Break(())
-            }
+        if file.append(bytes) {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(())
         }
     })?;
-    if let Some(e) = write_err {
-        return Err(e).with_context(|| format!("writing {}", file.partial_path().display()));
-    }
     file.commit()
         .with_context(|| format!("writing {}", output.display()))?;
     eprintln!(

@@ -117,11 +117,10 @@ pub fn voices_add(a: AddArgs) -> Result<()> {
         .as_deref()
         .map(resolve_dir)
         .unwrap_or_else(default_model);
-    let codec_dir = a
-        .codec
-        .as_deref()
-        .map(resolve_dir)
-        .unwrap_or_else(|| model_dir.join("codec"));
+    let codec_dir = onebit_tts::package::codec_dir_of(
+        &model_dir,
+        a.codec.as_deref().map(resolve_dir).as_deref(),
+    );
     let mut spec = CloneSpec {
         name: a.name.clone(),
         transcript: a.text.clone(),
