@@ -263,10 +263,10 @@ fn streamed_codes_decode_to_the_streamed_bytes() {
         assert_eq!(doc.decoding, Decoding::Windowed);
         let doc = SpeechCodes::from_json(&doc.to_json()).unwrap();
 
-        let mut codec = load_codec(&cfg, &synth.package().codec).unwrap();
+        let codec = std::sync::Mutex::new(load_codec(&cfg, &synth.package().codec).unwrap());
         let mut decoded = Vec::new();
         let tally = doc
-            .decode(&mut codec, 24_000, &output, &mut |b| {
+            .decode(&codec, 24_000, &output, &mut |b| {
                 decoded.extend_from_slice(b);
                 ControlFlow::Continue(())
             })
@@ -285,7 +285,7 @@ fn streamed_codes_decode_to_the_streamed_bytes() {
         };
         let mut other = Vec::new();
         whole
-            .decode(&mut codec, 24_000, &output, &mut |b| {
+            .decode(&codec, 24_000, &output, &mut |b| {
                 other.extend_from_slice(b);
                 ControlFlow::Continue(())
             })

@@ -133,7 +133,7 @@ fn tiny_with(wrap: impl FnOnce(Box<dyn Engine>) -> Box<dyn Engine>) -> Arc<Synth
     let engine = load_engine(&cfg, front.package()).unwrap();
     let env = onebit_tts::runtime::environment(None).unwrap();
     let codec = CodecDecoder::load(env, &front.package().codec, &Default::default()).unwrap();
-    Arc::new(Synthesizer::from_parts(front, wrap(engine), codec))
+    Arc::new(Synthesizer::from_parts(front, wrap(engine), codec, Default::default()).unwrap())
 }
 
 /// A fresh tiny synthesizer whose engine waits on the returned gate (held from the start).

@@ -79,7 +79,7 @@ fn synth_with(worker: WorkerEngine) -> Synthesizer {
     let env = onebit_tts::runtime::environment(None).expect("runtime");
     let codec =
         CodecDecoder::load(env, &front.package().codec, &Default::default()).expect("codec");
-    Synthesizer::from_parts(front, Box::new(worker), codec)
+    Synthesizer::from_parts(front, Box::new(worker), codec, Default::default()).unwrap()
 }
 
 /// A request long enough (3000 codes, several seconds) that a worker killed at its first code

@@ -10,12 +10,14 @@ pub mod oga;
 pub mod ort_engine;
 pub mod ryzenai;
 pub mod sampler;
+pub mod scheduler;
+mod sequence;
 pub mod worker;
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use device::{Device, DeviceChoice};
 pub use oga::{OgaBackbone, OgaLoadError, OgaOptions, OgaStep};
@@ -24,6 +26,8 @@ pub use ryzenai::{CustomOpsRoute, ProviderSetup};
 pub use sampler::{
     Candidates, InvalidSampling, LogitsLayout, SampleError, Sampler, SamplingParams,
 };
+pub use scheduler::{JobError, Scheduler, SchedulerOptions, SchedulerStats};
+pub use sequence::{Sequence, SequenceLimits};
 // The thread plan is the runtime's (the codec shares it); the engine's options carry it.
 pub use crate::runtime::{CpuTopology, ThreadPlan, ThreadPolicy};
 pub use worker::{
@@ -160,6 +164,27 @@ pub trait Backbone: Send {
     fn device(&self) -> Device {
         Device::Cpu
     }
+    /// The same backbone as one that runs several sequences per step, when its graph allows it.
+    fn batch(&mut self) -> Option<&mut dyn BatchBackbone> {
+        None
+    }
+}
+
+/// A backbone that runs several sequences side by side: each lives in a slot of one KV cache,
+/// the running ones in slots `0..n`, each with its own length and positions. A new sequence is
+/// prefilled alone in slot `n` and then joins the steps; one that ends leaves at once, and the
+/// last slot's sequence moves into its place (as `Vec::swap_remove` moves the last element).
+pub trait BatchBackbone {
+    /// Starts a sequence in `slot`, forgetting what the slot held.
+    fn open(&mut self, slot: usize) -> Result<(), EngineError>;
+    /// Appends `tokens` to the sequence in `slot` alone (its prefill, or one chunk of it) and
+    /// returns the logits row of the last one.
+    fn extend(&mut self, slot: usize, tokens: &[u32]) -> Result<&[f32], EngineError>;
+    /// Appends `tokens[i]` to the sequence in slot `i`, for every `i`, in one run, and returns
+    /// their logits rows one after another. A failure leaves no sequence usable.
+    fn step(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError>;
+    /// Ends the sequence in `slot` of the `running` ones; the last one moves into its slot.
+    fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError>;
 }
 
 /// Something that turns a prompt into speech codes: an in-process [`Backbone`] under the shared
@@ -194,6 +219,10 @@ pub trait Engine: Send {
     fn budget(&self) -> Option<usize> {
         None
     }
+    /// The backbone in this process, when the engine runs one here (the scheduler batches it).
+    fn backbone(&mut self) -> Option<&mut dyn Backbone> {
+        None
+    }
 }
 
 /// A backbone in this process, driven by [`generate`].
@@ -221,6 +250,10 @@ impl Engine for LocalEngine {
 
     fn budget(&self) -> Option<usize> {
         Some(self.0.budget())
+    }
+
+    fn backbone(&mut self) -> Option<&mut dyn Backbone> {
+        Some(self.0.as_mut())
     }
 }
 
@@ -297,64 +330,19 @@ pub fn generate(
     cancel: &CancelToken,
     on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Generation, EngineError> {
-    params.sampling.validate()?;
-    if prompt.is_empty() {
-        return Err(EngineError::EmptyPrompt);
-    }
-    let budget = backbone.budget();
-    if prompt.len() >= budget {
-        return Err(too_long(prompt.len(), budget, backbone.static_kv()));
-    }
-    let room = budget - prompt.len();
-    let max_new = params.max_new_tokens.map_or(room, |m| m.min(room));
-    // Prefill time covers setting up the sampler and the KV state too.
-    let t0 = Instant::now();
-    let mut sampler = Sampler::with_layout(
-        params.sampling,
-        candidates.clone(),
-        &backbone.logits_layout(),
-    )?;
-    let mut out = Generation {
-        codes: Vec::new(),
-        stop: StopReason::Length,
-        prompt_tokens: prompt.len(),
-        seed: sampler.seed(),
-        prefill: Duration::ZERO,
-        decode: Duration::ZERO,
+    let limits = SequenceLimits {
+        budget: backbone.budget(),
+        static_kv: backbone.static_kv(),
+        layout: backbone.logits_layout(),
     };
+    let mut seq = Sequence::new(candidates, prompt, params, &limits)?;
     backbone.reset();
     if cancel.is_cancelled() {
-        out.stop = StopReason::Cancelled;
-        return Ok(out);
+        return Ok(seq.cancelled());
     }
-    let logits = backbone.append(prompt)?;
-    let mut next = sampler.sample(logits, params.min_new_tokens == 0)?;
-    out.prefill = t0.elapsed();
-    let t1 = Instant::now();
-    let mut in_callback = Duration::ZERO;
-    let speech_end = candidates.speech_first + candidates.speech_count;
-    loop {
-        if candidates.stop_ids.contains(&next) {
-            out.stop = StopReason::Stop(next);
-            break;
-        }
-        debug_assert!((candidates.speech_first..speech_end).contains(&next));
-        let code = next - candidates.speech_first;
-        out.codes.push(code);
-        let t = Instant::now();
-        let flow = on_code(code);
-        in_callback += t.elapsed();
-        if flow.is_break() || cancel.is_cancelled() {
-            out.stop = StopReason::Cancelled;
-            break;
-        }
-        if out.codes.len() >= max_new {
-            out.stop = StopReason::Length;
-            break;
-        }
-        let logits = backbone.append(&[next])?;
-        next = sampler.sample(logits, out.codes.len() >= params.min_new_tokens)?;
+    let mut logits = backbone.append(prompt)?;
+    while let Some(next) = seq.advance(logits, cancel, on_code)? {
+        logits = backbone.append(&[next])?;
     }
-    out.decode = t1.elapsed().saturating_sub(in_callback);
-    Ok(out)
+    Ok(seq.finish())
 }

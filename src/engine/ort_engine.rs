@@ -24,7 +24,7 @@ use ort::value::{
 
 use super::device::{self, Device};
 use super::ryzenai::ProviderSetup;
-use super::{Backbone, EngineError, LogitsLayout};
+use super::{Backbone, BatchBackbone, EngineError, LogitsLayout};
 use crate::npu::residency::Placement;
 use crate::package::genai::layer_name;
 use crate::package::{BackbonePackage, ModelPackage};
@@ -107,7 +107,12 @@ pub struct OrtBackbone {
     prefill_chunk: Option<usize>,
     /// Growing mode: the tensors fed as past next step (k, v per layer). Shared mode: the buffers.
     past: Vec<(DynValue, DynValue)>,
-    len: usize,
+    /// Shared mode: sequences the buffers hold (their batch dimension); growing mode: 1.
+    slots: usize,
+    /// Tokens each slot's sequence holds.
+    lens: Vec<usize>,
+    /// The graph leaves its batch dimension symbolic, so sequences can run side by side.
+    batchable: bool,
     logits: Vec<f32>,
     desc: String,
     device: Device,
@@ -186,14 +191,18 @@ fn int32_input(path: &str, what: &str, ty: Option<TensorElementType>) -> Result<
     }
 }
 
-/// `[1, values.len()]` as int32 or int64, as the graph declares the input.
-fn int_row(i32_input: bool, values: impl Iterator<Item = i64>) -> Result<DynValue, EngineError> {
+/// `[rows, values / rows]` as int32 or int64, as the graph declares the input.
+fn int_matrix(
+    i32_input: bool,
+    rows: usize,
+    values: impl Iterator<Item = i64>,
+) -> Result<DynValue, EngineError> {
     let t = if i32_input {
         let v: Vec<i32> = values.map(|x| x as i32).collect();
-        Tensor::from_array(([1usize, v.len()], v))?.into_dyn()
+        Tensor::from_array(([rows, v.len() / rows.max(1)], v))?.into_dyn()
     } else {
         let v: Vec<i64> = values.collect();
-        Tensor::from_array(([1usize, v.len()], v))?.into_dyn()
+        Tensor::from_array(([rows, v.len() / rows.max(1)], v))?.into_dyn()
     };
     Ok(t)
 }
@@ -409,6 +418,15 @@ impl OrtBackbone {
             .as_ref()
             .and_then(|(_, dims)| dims.get(1).copied())
             .and_then(fixed);
+        // Sequences share one buffer along the batch axis only where the graph leaves that axis
+        // open (AMD's NPU packages fix it to 1, and their past length too).
+        let open_batch = |name: &str| {
+            declared(ins, name).is_some_and(|(_, d)| d.first().is_some_and(|&b| fixed(b).is_none()))
+        };
+        let batchable = static_kv.is_none()
+            && mask_len.is_none()
+            && open_batch(&d.inputs.input_ids)
+            && past.iter().all(|(k, v)| open_batch(k) && open_batch(v));
         if mask_len.is_some() && mask_len != static_kv {
             return Err(EngineError::Graph(format!(
                 "{path}: attention_mask is fixed at {mask_len:?} positions but the past inputs at {static_kv:?}; this engine needs both the same"
@@ -543,7 +561,9 @@ impl OrtBackbone {
             start_capacity,
             prefill_chunk: opts.prefill_chunk.filter(|&c| c > 0),
             past: Vec::new(),
-            len: 0,
+            slots: 0,
+            lens: vec![0],
+            batchable,
             logits: Vec::new(),
             desc,
             device: opts.device,
@@ -555,37 +575,54 @@ impl OrtBackbone {
         Ok(me)
     }
 
-    /// A zeroed `[1, heads, seq, head_size]` KV tensor of the graph's element type (ort zeroes
-    /// the CPU memory it allocates).
-    fn kv_tensor(&self, seq: usize) -> Result<DynValue, EngineError> {
-        let shape = [1usize, self.kv_heads, seq, self.head_size];
+    /// A zeroed `[slots, heads, seq, head_size]` KV tensor of the graph's element type (ort
+    /// zeroes the CPU memory it allocates).
+    fn kv_tensor(&self, slots: usize, seq: usize) -> Result<DynValue, EngineError> {
+        let shape = [slots, self.kv_heads, seq, self.head_size];
         Ok(DynTensor::new(&Allocator::default(), self.kv_type, shape)?.into_dyn())
     }
 
-    fn run_chunk(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
-        let n = tokens.len();
-        let total = self.len + n;
-        let mut inputs: Vec<(String, SessionInputValue<'_>)> =
-            Vec::with_capacity(3 + 2 * self.past.len());
-        let ids = int_row(self.ids_i32, tokens.iter().map(|&t| i64::from(t)))?;
-        inputs.push((self.names.input_ids.clone(), ids.into()));
-        // Ones over the sequence; a mask of fixed length is zero past it, as onnxruntime-genai's
-        // static mask is.
+    /// Runs `tokens` (`rows` rows of equal length, one after another) for the sequences in slots
+    /// `first..first + rows`, each row appended to its own sequence, and keeps each row's last
+    /// logits in `self.logits`.
+    fn run(&mut self, first: usize, rows: usize, tokens: &[u32]) -> Result<(), EngineError> {
+        let n = tokens.len() / rows;
+        let lens = &self.lens[first..first + rows];
+        let total = lens.iter().max().copied().unwrap_or(0) + n;
+        let mut inputs: Vec<(String, DynValue)> = Vec::with_capacity(3);
+        let ids = int_matrix(self.ids_i32, rows, tokens.iter().map(|&t| i64::from(t)))?;
+        inputs.push((self.names.input_ids.clone(), ids));
+        // Each row: ones over its own sequence, zeros after it (a shorter sequence in a batch, or
+        // a mask of fixed length as onnxruntime-genai's static mask is).
         let mask_len = self.mask_len.unwrap_or(total);
-        let mask = int_row(self.mask_i32, (0..mask_len).map(|i| i64::from(i < total)))?;
-        inputs.push((self.names.attention_mask.clone(), mask.into()));
+        let mask = int_matrix(
+            self.mask_i32,
+            rows,
+            lens.iter()
+                .flat_map(|&l| (0..mask_len).map(move |i| i64::from(i < l + n))),
+        )?;
+        inputs.push((self.names.attention_mask.clone(), mask));
         if let Some(p) = &self.names.position_ids {
-            let pos = int_row(self.positions_i32, self.len as i64..total as i64)?;
-            inputs.push((p.clone(), pos.into()));
+            let pos = int_matrix(
+                self.positions_i32,
+                rows,
+                lens.iter().flat_map(|&l| (l..l + n).map(|x| x as i64)),
+            )?;
+            inputs.push((p.clone(), pos));
         }
         match self.mode {
             KvMode::Growing => {
+                debug_assert!(first == 0 && rows == 1, "growing KV runs one sequence");
+                let mut feed: Vec<(String, SessionInputValue<'_>)> = inputs
+                    .into_iter()
+                    .map(|(name, v)| (name, v.into()))
+                    .collect();
                 let past = std::mem::take(&mut self.past);
                 for ((kn, vn), (k, v)) in self.names.past.iter().zip(past) {
-                    inputs.push((kn.clone(), k.into()));
-                    inputs.push((vn.clone(), v.into()));
+                    feed.push((kn.clone(), k.into()));
+                    feed.push((vn.clone(), v.into()));
                 }
-                let mut outputs = self.session.run(inputs)?;
+                let mut outputs = self.session.run(feed)?;
                 let mut next = Vec::with_capacity(self.names.present.len());
                 for (kn, vn) in &self.names.present {
                     let k = outputs.remove(kn.as_str());
@@ -598,22 +635,35 @@ impl OrtBackbone {
                 let logits = outputs
                     .get(self.names.logits.as_str())
                     .ok_or_else(|| EngineError::Graph("run gave no logits".into()))?;
-                Self::last_row(logits, self.width, &mut self.logits)?;
+                last_rows(logits, 1, self.width, &mut self.logits)?;
                 self.past = next;
             }
             KvMode::Shared => {
                 let mut binding = self.session.create_binding()?;
-                for (name, value) in inputs {
-                    match value {
-                        SessionInputValue::Owned(v) => binding.bind_input(name, &v)?,
-                        _ => unreachable!("inputs above are all owned"),
+                for (name, value) in &inputs {
+                    binding.bind_input(name.as_str(), value)?;
+                }
+                // The run sees exactly its slots: the buffers themselves when it covers them all,
+                // else views of those slots (a slot's positions are one contiguous block, so any
+                // run of slots is too). No KV is copied for a run.
+                let whole = first == 0 && rows == self.slots;
+                let shape = [rows, self.kv_heads, self.capacity, self.head_size];
+                let per_slot = self.kv_heads * self.capacity * self.head_size;
+                let mut views = Vec::new();
+                if !whole {
+                    for (k, v) in &mut self.past {
+                        views.push((
+                            slot_view(k, self.kv_type, first * per_slot, shape)?,
+                            slot_view(v, self.kv_type, first * per_slot, shape)?,
+                        ));
                     }
                 }
+                let kv = if whole { &mut self.past } else { &mut views };
                 for ((pk, pv), ((ok, ov), (k, v))) in self
                     .names
                     .past
                     .iter()
-                    .zip(self.names.present.iter().zip(self.past.iter_mut()))
+                    .zip(self.names.present.iter().zip(kv.iter_mut()))
                 {
                     binding.bind_input(pk.as_str(), &*k)?;
                     binding.bind_input(pv.as_str(), &*v)?;
@@ -628,28 +678,40 @@ impl OrtBackbone {
                 let logits = outputs
                     .get(self.names.logits.as_str())
                     .ok_or_else(|| EngineError::Graph("run gave no logits".into()))?;
-                Self::last_row(logits, self.width, &mut self.logits)?;
+                last_rows(logits, rows, self.width, &mut self.logits)?;
             }
         }
-        self.len = total;
+        for l in &mut self.lens[first..first + rows] {
+            *l += n;
+        }
         Ok(())
     }
 
-    /// Shared mode: grows the buffers (doubling, at most the budget) so `needed` positions fit,
-    /// keeping the `len` positions already written.
-    fn ensure_capacity(&mut self, needed: usize) -> Result<(), EngineError> {
-        if self.mode != KvMode::Shared || needed <= self.capacity {
+    /// Shared mode: makes room for `slots` sequences of `needed` positions each (the capacity
+    /// doubles, at most to the budget), keeping every slot's positions.
+    fn ensure(&mut self, slots: usize, needed: usize) -> Result<(), EngineError> {
+        if self.mode != KvMode::Shared || (slots <= self.slots && needed <= self.capacity) {
             return Ok(());
         }
-        // A static buffer's size is the graph's, and the budget never exceeds it.
+        // A static buffer's size is the graph's, and the budget never exceeds it; its batch is 1.
         debug_assert!(self.static_kv.is_none());
-        let cap = needed.max(self.capacity * 2).min(self.budget);
-        let (heads, old_cap, len) = (self.kv_heads, self.capacity, self.len);
-        let row = self.head_size;
+        let cap = if needed > self.capacity {
+            needed.max(self.capacity * 2).min(self.budget)
+        } else {
+            self.capacity
+        };
+        let new_slots = slots.max(self.slots);
+        let (heads, old_cap, row) = (self.kv_heads, self.capacity, self.head_size);
+        let lens = &self.lens;
         let grown = |old: &DynValue| -> Result<DynValue, EngineError> {
-            let mut t = self.kv_tensor(cap)?;
-            // [1, heads, positions, head_size]: each head's first `len` rows move over.
-            let spans = (0..heads).map(|h| (h * old_cap * row, h * cap * row, len * row));
+            let mut t = self.kv_tensor(new_slots, cap)?;
+            // [slots, heads, positions, head_size]: each head's used rows move over.
+            let spans = lens.iter().enumerate().flat_map(|(s, &len)| {
+                (0..heads).map(move |h| {
+                    let block = s * heads + h;
+                    (block * old_cap * row, block * cap * row, len * row)
+                })
+            });
             match self.kv_type {
                 TensorElementType::Float16 => copy_spans::<half::f16>(old, &mut t, spans)?,
                 TensorElementType::Bfloat16 => copy_spans::<half::bf16>(old, &mut t, spans)?,
@@ -661,49 +723,159 @@ impl OrtBackbone {
         for (k, v) in &self.past {
             past.push((grown(k)?, grown(v)?));
         }
-        tracing::debug!(from = old_cap, to = cap, "shared KV buffer grown");
+        tracing::debug!(
+            from = old_cap,
+            to = cap,
+            slots = new_slots,
+            "shared KV buffer grown"
+        );
         self.past = past;
         self.capacity = cap;
+        self.slots = new_slots;
+        self.lens.resize(new_slots, 0);
         Ok(())
+    }
+
+    /// Allocates the KV cache if a failure (or nothing yet) left it without one: growing mode
+    /// starts empty, shared mode with one slot of the starting capacity.
+    fn allocate(&mut self) -> Result<(), EngineError> {
+        if self.past.len() == self.names.past.len() {
+            return Ok(());
+        }
+        let (slots, seq) = match self.mode {
+            KvMode::Growing => (1, 0),
+            KvMode::Shared => (1, self.start_capacity),
+        };
+        let mut past = Vec::with_capacity(self.names.past.len());
+        for _ in 0..self.names.past.len() {
+            past.push((self.kv_tensor(slots, seq)?, self.kv_tensor(slots, seq)?));
+        }
+        self.past = past;
+        self.capacity = seq;
+        self.slots = slots;
+        self.lens = vec![0; slots];
+        Ok(())
+    }
+
+    /// Appends `tokens` to the sequence in `slot` alone, chunk by chunk; on failure the cache is
+    /// in an unknown state, so it is dropped and every sequence must start again.
+    fn extend_slot(&mut self, slot: usize, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        let needed = self.lens[slot] + tokens.len();
+        if needed > self.budget {
+            return Err(super::too_long(needed, self.budget, self.static_kv));
+        }
+        let chunk = self.prefill_chunk.unwrap_or(tokens.len()).max(1);
+        let result = self
+            .ensure(self.slots, needed)
+            .and_then(|()| tokens.chunks(chunk).try_for_each(|c| self.run(slot, 1, c)));
+        self.failed(result)?;
+        Ok(&self.logits)
+    }
+
+    fn failed(&mut self, result: Result<(), EngineError>) -> Result<(), EngineError> {
+        if result.is_err() {
+            self.past.clear();
+            self.lens.iter_mut().for_each(|l| *l = 0);
+        }
+        result
     }
 
     /// The execution providers the session was built with, in priority order.
     pub fn providers(&self) -> &[String] {
         &self.providers
     }
+}
 
-    /// Copies the last row of `[1, S, width]` logits (`S` is 1 with last-position logits) as f32.
-    fn last_row(logits: &DynValue, expect: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
-        match logits.dtype() {
-            ValueType::Tensor {
-                ty: TensorElementType::Float16,
-                ..
-            } => tail_as_f32::<half::f16>(logits, expect, out, half::f16::to_f32),
-            ValueType::Tensor {
-                ty: TensorElementType::Bfloat16,
-                ..
-            } => tail_as_f32::<half::bf16>(logits, expect, out, half::bf16::to_f32),
-            _ => tail_as_f32::<f32>(logits, expect, out, |x| x),
-        }
+/// A `shape` tensor over `buf`'s memory from element `offset` on: some slots of a shared KV buffer,
+/// bound as a run's past and present without copying them.
+fn slot_view(
+    buf: &mut DynValue,
+    ty: TensorElementType,
+    offset: usize,
+    shape: [usize; 4],
+) -> Result<DynValue, EngineError> {
+    let elem = match ty {
+        TensorElementType::Float16 | TensorElementType::Bfloat16 => 2,
+        _ => 4,
+    };
+    let count: usize = shape.iter().product();
+    let end = (offset + count) * elem;
+    let buf = buf
+        .view_mut()
+        .downcast::<ort::value::DynTensorValueType>()?;
+    let held: i64 = buf.shape().iter().product();
+    if !buf.memory_info().is_cpu_accessible() || end > held as usize * elem {
+        return Err(EngineError::Runtime(format!(
+            "KV slot view of {count} elements at {offset} does not fit its buffer"
+        )));
+    }
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let mem = ort::memory::MemoryInfo::default();
+    let mut out: *mut ort::sys::OrtValue = std::ptr::null_mut();
+    // SAFETY: the span [offset, offset + count) lies inside `buf` (checked above), which is CPU
+    // memory that outlives the view: views live for one run and are dropped before `buf` is
+    // grown, moved or freed. ONNX Runtime does not own or free memory given to
+    // CreateTensorWithDataAsOrtValue; dropping the value releases only the OrtValue.
+    unsafe {
+        let data = buf.data_ptr().cast::<u8>().cast_mut().add(offset * elem);
+        let status = (ort::api().CreateTensorWithDataAsOrtValue)(
+            mem.ptr(),
+            data.cast(),
+            count * elem,
+            dims.as_ptr(),
+            dims.len(),
+            ty.into(),
+            &mut out,
+        );
+        ort::Error::result_from_status(status)?;
+        let ptr = std::ptr::NonNull::new(out).ok_or_else(|| {
+            EngineError::Runtime("CreateTensorWithDataAsOrtValue gave null".into())
+        })?;
+        Ok(DynValue::from_ptr(ptr, Some(&Allocator::default())))
     }
 }
 
-/// The last `expect` values of a tensor whose shape ends in `expect`, converted to f32.
-fn tail_as_f32<T: PrimitiveTensorElementType + Copy>(
+/// Each of `rows` rows' last `expect` logits from `[rows, S, expect]` (`S` is 1 with last-position
+/// logits), converted to f32, one row after another.
+fn last_rows(
     logits: &DynValue,
+    rows: usize,
+    expect: usize,
+    out: &mut Vec<f32>,
+) -> Result<(), EngineError> {
+    match logits.dtype() {
+        ValueType::Tensor {
+            ty: TensorElementType::Float16,
+            ..
+        } => rows_as_f32::<half::f16>(logits, rows, expect, out, half::f16::to_f32),
+        ValueType::Tensor {
+            ty: TensorElementType::Bfloat16,
+            ..
+        } => rows_as_f32::<half::bf16>(logits, rows, expect, out, half::bf16::to_f32),
+        _ => rows_as_f32::<f32>(logits, rows, expect, out, |x| x),
+    }
+}
+
+fn rows_as_f32<T: PrimitiveTensorElementType + Copy>(
+    logits: &DynValue,
+    rows: usize,
     expect: usize,
     out: &mut Vec<f32>,
     to_f32: impl Fn(T) -> f32,
 ) -> Result<(), EngineError> {
     let (shape, data) = logits.try_extract_tensor::<T>()?;
     let width = shape.last().copied().unwrap_or(0) as usize;
-    if width != expect || data.len() < width {
+    if width != expect || rows == 0 || data.len() % (rows * width) != 0 || data.is_empty() {
         return Err(EngineError::Graph(format!(
-            "logits shape {shape:?} does not end in the head's width {expect}"
+            "logits shape {shape:?} is not {rows} rows ending in the head's width {expect}"
         )));
     }
+    let per_row = data.len() / rows;
     out.clear();
-    out.extend(data[data.len() - width..].iter().map(|&x| to_f32(x)));
+    for r in 0..rows {
+        let end = (r + 1) * per_row;
+        out.extend(data[end - width..end].iter().map(|&x| to_f32(x)));
+    }
     Ok(())
 }
 
@@ -721,29 +893,32 @@ fn copy_spans<T: PrimitiveTensorElementType + Copy>(
     Ok(())
 }
 
+/// Copies `(from, to, len)` element spans of a tensor onto itself (spans do not overlap).
+fn move_spans<T: PrimitiveTensorElementType + Copy>(
+    buf: &mut DynValue,
+    spans: impl Iterator<Item = (usize, usize, usize)>,
+) -> Result<(), EngineError> {
+    let (_, data) = buf.try_extract_tensor_mut::<T>()?;
+    for (from, to, len) in spans {
+        data.copy_within(from..from + len, to);
+    }
+    Ok(())
+}
+
 impl Backbone for OrtBackbone {
     fn reset(&mut self) {
-        self.len = 0;
-        let seq = match self.mode {
-            KvMode::Growing => 0,
-            KvMode::Shared => self.start_capacity,
-        };
-        // Shared buffers are kept at the largest size used so far; growing ones restart empty.
-        if self.mode == KvMode::Shared && self.past.len() == self.names.past.len() {
+        if let Err(e) = self.allocate() {
+            tracing::error!("cannot allocate the KV cache: {e}");
             return;
         }
-        self.capacity = seq;
-        let mut past = Vec::with_capacity(self.names.past.len());
-        for _ in 0..self.names.past.len() {
-            match (self.kv_tensor(seq), self.kv_tensor(seq)) {
-                (Ok(k), Ok(v)) => past.push((k, v)),
-                (Err(e), _) | (_, Err(e)) => {
-                    tracing::error!("cannot allocate the KV cache: {e}");
-                    break;
-                }
+        if self.mode == KvMode::Growing {
+            // Growing tensors restart empty; a shared buffer keeps the largest size used so far.
+            self.past.clear();
+            if let Err(e) = self.allocate() {
+                tracing::error!("cannot allocate the KV cache: {e}");
             }
         }
-        self.past = past;
+        self.lens[0] = 0;
     }
 
     fn append(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
@@ -752,24 +927,7 @@ impl Backbone for OrtBackbone {
                 "the KV cache could not be allocated".into(),
             ));
         }
-        if self.len + tokens.len() > self.budget {
-            return Err(super::too_long(
-                self.len + tokens.len(),
-                self.budget,
-                self.static_kv,
-            ));
-        }
-        let chunk = self.prefill_chunk.unwrap_or(tokens.len()).max(1);
-        let result = self
-            .ensure_capacity(self.len + tokens.len())
-            .and_then(|()| tokens.chunks(chunk).try_for_each(|c| self.run_chunk(c)));
-        if let Err(e) = result {
-            // A failed run leaves the cache in an unknown state; the next request starts clean.
-            self.past.clear();
-            self.reset();
-            return Err(e);
-        }
-        Ok(&self.logits)
+        self.extend_slot(0, tokens)
     }
 
     fn logits_layout(&self) -> LogitsLayout {
@@ -777,7 +935,7 @@ impl Backbone for OrtBackbone {
     }
 
     fn len(&self) -> usize {
-        self.len
+        self.lens.first().copied().unwrap_or(0)
     }
 
     fn budget(&self) -> usize {
@@ -794,6 +952,87 @@ impl Backbone for OrtBackbone {
 
     fn device(&self) -> Device {
         self.device
+    }
+
+    /// Batches when sequences can share one buffer along the batch axis: the shared KV mode and a
+    /// graph whose batch dimension is symbolic (a static package fixes it to 1).
+    fn batch(&mut self) -> Option<&mut dyn BatchBackbone> {
+        (self.mode == KvMode::Shared && self.batchable).then_some(self as &mut dyn BatchBackbone)
+    }
+}
+
+impl BatchBackbone for OrtBackbone {
+    fn open(&mut self, slot: usize) -> Result<(), EngineError> {
+        self.allocate()?;
+        let result = self.ensure(slot + 1, 0);
+        self.failed(result)?;
+        self.lens[slot] = 0;
+        Ok(())
+    }
+
+    fn extend(&mut self, slot: usize, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        if slot >= self.slots || self.past.len() != self.names.past.len() {
+            return Err(EngineError::Runtime(format!("KV slot {slot} is not open")));
+        }
+        self.extend_slot(slot, tokens)
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        let rows = tokens.len();
+        if rows == 0 || rows > self.slots || self.past.len() != self.names.past.len() {
+            return Err(EngineError::Runtime(format!(
+                "a step of {rows} sequences over {} open KV slots",
+                self.slots
+            )));
+        }
+        let needed = self.lens[..rows].iter().max().copied().unwrap_or(0) + 1;
+        if needed > self.budget {
+            return Err(super::too_long(needed, self.budget, self.static_kv));
+        }
+        let result = self
+            .ensure(self.slots, needed)
+            .and_then(|()| self.run(0, rows, tokens));
+        self.failed(result)?;
+        Ok(&self.logits)
+    }
+
+    fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError> {
+        let last = running.saturating_sub(1);
+        if slot >= running || running > self.slots {
+            return Err(EngineError::Runtime(format!(
+                "closing KV slot {slot} of {running} running"
+            )));
+        }
+        if slot != last && self.past.len() == self.names.past.len() {
+            let (heads, cap, row, len) = (
+                self.kv_heads,
+                self.capacity,
+                self.head_size,
+                self.lens[last],
+            );
+            let spans = (0..heads).map(|h| {
+                let (from, to) = (
+                    (last * heads + h) * cap * row,
+                    (slot * heads + h) * cap * row,
+                );
+                (from, to, len * row)
+            });
+            let spans: Vec<_> = spans.collect();
+            let ty = self.kv_type;
+            let result = self.past.iter_mut().try_for_each(|(k, v)| {
+                [k, v].into_iter().try_for_each(|t| match ty {
+                    TensorElementType::Float16 => move_spans::<half::f16>(t, spans.iter().copied()),
+                    TensorElementType::Bfloat16 => {
+                        move_spans::<half::bf16>(t, spans.iter().copied())
+                    }
+                    _ => move_spans::<f32>(t, spans.iter().copied()),
+                })
+            });
+            self.failed(result)?;
+            self.lens[slot] = len;
+        }
+        self.lens[last] = 0;
+        Ok(())
     }
 }
 

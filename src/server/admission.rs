@@ -1,5 +1,5 @@
 //! Admission: who may use the server (Host check, API keys, CORS), a bounded number of places
-//! (one running, `queue_depth` waiting), and the bookkeeping that frees a place and keeps the
+//! (the scheduler's batch running, `queue_depth` waiting), and the bookkeeping that frees a place and keeps the
 //! gauges right however a request ends.
 
 use std::net::IpAddr;
@@ -26,10 +26,10 @@ pub(super) struct Admission {
 }
 
 impl Admission {
-    /// `None` when one request runs and `queue_depth` already wait.
+    /// `None` when every running place is taken and `queue_depth` already wait.
     pub(super) fn try_new(st: &Arc<AppState>, token: &CancelToken) -> Option<Self> {
         let prev = st.admitted.fetch_add(1, Ordering::SeqCst);
-        if prev > st.cfg.queue_depth {
+        if prev >= st.places + st.cfg.queue_depth {
             st.admitted.fetch_sub(1, Ordering::SeqCst);
             return None;
         }

@@ -10,7 +10,7 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub addr: SocketAddr,
-    /// Requests that may wait for the engine besides the one running.
+    /// Requests that may wait for a place besides the ones running (`--max-batch`).
     pub queue_depth: usize,
     pub max_body_bytes: usize,
     pub max_input_chars: usize,
@@ -98,7 +98,7 @@ pub struct ServeArgs {
     pub host: IpAddr,
     #[arg(long, env = "ONEBIT_PORT", default_value_t = 8880)]
     pub port: u16,
-    /// Requests that may wait while one runs; more get 429.
+    /// Requests that may wait while the running ones (up to --max-batch) generate; more get 429.
     #[arg(long, env = "ONEBIT_QUEUE_DEPTH", default_value_t = 8)]
     pub queue_depth: usize,
     /// Largest request body in bytes (413 above).

@@ -41,9 +41,10 @@ use crate::synth::Synthesizer;
 pub(super) struct AppState {
     pub(super) synth: Arc<Synthesizer>,
     pub(super) cfg: ServerConfig,
-    /// Read once: asking the synthesizer takes the engine's lock, which a running request holds.
     pub(super) engine: String,
-    /// One permit: the engine. Tokio's semaphore is fair, so waiters run in arrival order.
+    /// Requests that run at once: the scheduler's batch size (1 when the engine cannot batch).
+    pub(super) places: usize,
+    /// `places` permits. Tokio's semaphore is fair, so waiters run in arrival order.
     pub(super) gate: Arc<Semaphore>,
     pub(super) metrics: Metrics,
     /// Requests admitted and not finished (waiting or running): the queue bound is on this.

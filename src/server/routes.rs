@@ -34,8 +34,9 @@ pub fn router(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Router {
 pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<AppState>) {
     let state = Arc::new(AppState {
         engine: synth.engine_description(),
+        places: synth.max_batch(),
+        gate: Arc::new(Semaphore::new(synth.max_batch())),
         synth,
-        gate: Arc::new(Semaphore::new(1)),
         metrics: Metrics::default(),
         admitted: AtomicUsize::new(0),
         inflight: Mutex::new(HashMap::new()),

@@ -3,8 +3,8 @@
 //! pipeline (speed, rate, encoding). A synthesis and `onebit-tts decode` both go through
 //! [`AudioStage`], which is why saved codes decode to the bytes the synthesis wrote.
 
-use std::cell::RefCell;
 use std::ops::ControlFlow;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::audio::{OutputPipeline, OutputSpec};
@@ -42,8 +42,8 @@ struct PieceAudio<'a> {
 
 /// Codes to encoded bytes for one request, piece by piece. Every method that hands bytes to the
 /// sink returns `false` when the sink asked to stop.
-pub(crate) struct AudioStage<'a, 'c> {
-    codec: &'a RefCell<&'c mut CodecDecoder>,
+pub(crate) struct AudioStage<'a> {
+    codec: &'a Mutex<CodecDecoder>,
     pipeline: OutputPipeline,
     /// The voice's codes: left context of the first streamed window of every piece.
     reference: Vec<i32>,
@@ -56,11 +56,11 @@ pub(crate) struct AudioStage<'a, 'c> {
     piece: Option<PieceAudio<'a>>,
 }
 
-impl<'a, 'c> AudioStage<'a, 'c> {
+impl<'a> AudioStage<'a> {
     /// `windowed`: decode in overlapping windows as codes arrive (the streaming path) rather than
     /// each piece whole. `t0` is the request's start, for the first-audio time.
     pub fn new(
-        codec: &'a RefCell<&'c mut CodecDecoder>,
+        codec: &'a Mutex<CodecDecoder>,
         output: &OutputSpec,
         codec_rate: u32,
         reference: &[u32],
@@ -239,9 +239,15 @@ fn as_i32(codes: &[u32]) -> Vec<i32> {
     codes.iter().map(|&c| c as i32).collect()
 }
 
-fn decode_i32(codec: &RefCell<&mut CodecDecoder>, codes: &[i32]) -> Result<Vec<f32>, CodecError> {
+/// Decodes under the codec's lock, held for this one call: requests running side by side take
+/// turns per window, not per request.
+fn decode_i32(codec: &Mutex<CodecDecoder>, codes: &[i32]) -> Result<Vec<f32>, CodecError> {
     let codes: Vec<u32> = codes.iter().map(|&c| c as u32).collect();
-    codec.borrow_mut().decode(&codes)
+    // A panic inside an earlier decode leaves no state behind in the session.
+    let mut codec = codec
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    codec.decode(&codes)
 }
 
 fn stream_error(e: StreamError<CodecError>) -> SynthError {

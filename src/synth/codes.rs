@@ -197,7 +197,7 @@ impl SpeechCodes {
     /// WAV has an unknown length). `sink` gets the bytes in order and may stop.
     pub fn decode(
         &self,
-        codec: &mut CodecDecoder,
+        codec: &std::sync::Mutex<CodecDecoder>,
         codec_rate: u32,
         output: &OutputSpec,
         sink: &mut dyn FnMut(&[u8]) -> ControlFlow<()>,
@@ -208,9 +208,8 @@ impl SpeechCodes {
                 codec: codec_rate,
             }));
         }
-        let codec = std::cell::RefCell::new(codec);
         let mut audio = AudioStage::new(
-            &codec,
+            codec,
             output,
             codec_rate,
             &self.reference_codes,

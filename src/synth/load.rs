@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use crate::codec::CodecDecoder;
 use crate::engine::device::{self, Device, DeviceChoice};
 use crate::engine::{
-    self, Engine, EngineError, LocalEngine, OgaOptions, OrtOptions, ResidencyGate, WorkerConfig,
-    WorkerEngine, WorkerTimeouts,
+    self, Engine, EngineError, LocalEngine, OgaOptions, OrtOptions, ResidencyGate,
+    SchedulerOptions, WorkerConfig, WorkerEngine, WorkerTimeouts,
 };
 use crate::npu::Residency;
 use crate::package::{CodecPackage, ModelPackage};
@@ -47,6 +47,8 @@ pub struct SynthConfig {
     /// How long a worker may take to load, and to make each step of a request, before it counts
     /// as hung (`--load-timeout`, `--step-timeout`).
     pub worker_timeouts: WorkerTimeouts,
+    /// How many requests' generations run side by side (`--max-batch`).
+    pub scheduler: SchedulerOptions,
 }
 
 impl SynthConfig {

@@ -17,7 +17,10 @@ use std::sync::Mutex;
 use crate::audio::OutputSpec;
 use crate::codec::{CodecDecoder, CodecError};
 use crate::engine::device::Device;
-use crate::engine::{Candidates, Engine, EngineError, GenerationParams, StopReason, WorkerHandle};
+use crate::engine::{
+    Candidates, Engine, EngineError, GenerationParams, Scheduler, SchedulerOptions, SchedulerStats,
+    StopReason, WorkerHandle,
+};
 use crate::metrics::StageTimings;
 use crate::npu::Residency;
 use crate::package::ModelPackage;
@@ -159,17 +162,20 @@ impl SynthesisReport {
     }
 }
 
-/// The loaded model, codec and voices; shared by every request.
+/// The loaded model, codec and voices; shared by every request. The engine lives on the
+/// scheduler's thread: requests run side by side, each on its caller's thread for the front end
+/// and the audio, with their generations batched there.
 pub struct Synthesizer {
     front: FrontEnd,
-    engine: Mutex<Box<dyn Engine>>,
+    scheduler: Scheduler,
     codec: Mutex<CodecDecoder>,
     candidates: Candidates,
     device: Device,
-    /// The engine's worker child, readable without the engine lock (for /health).
+    /// The engine's worker child, readable without asking the scheduler (for /health).
     worker: Option<WorkerHandle>,
     /// Tokens per piece: the package's budget, or the engine's when smaller (a static KV cache).
     budget: usize,
+    description: String,
 }
 
 impl Synthesizer {
@@ -177,27 +183,45 @@ impl Synthesizer {
         let front = FrontEnd::load(cfg)?;
         let engine = load_engine(cfg, front.package())?;
         let codec = load_codec(cfg, &front.package().codec)?;
-        Ok(Self::from_parts(front, engine, codec))
+        Self::from_parts(front, engine, codec, cfg.scheduler)
     }
 
     /// Assembles a synthesizer from loaded parts (other backbones, tests).
-    pub fn from_parts(front: FrontEnd, engine: Box<dyn Engine>, codec: CodecDecoder) -> Self {
+    pub fn from_parts(
+        front: FrontEnd,
+        engine: Box<dyn Engine>,
+        codec: CodecDecoder,
+        scheduler: SchedulerOptions,
+    ) -> Result<Self, crate::Error> {
         let pkg = front.package();
         let candidates = Candidates::of(pkg);
         let device = engine.device();
         let worker = engine.worker();
+        let description = engine.describe();
         let budget = engine.budget().map_or(pkg.genai.token_budget(), |b| {
             b.min(pkg.genai.token_budget())
         });
-        Self {
+        let scheduler = Scheduler::start(engine, candidates.clone(), scheduler)?;
+        Ok(Self {
             budget,
             front,
-            engine: Mutex::new(engine),
+            scheduler,
             codec: Mutex::new(codec),
             candidates,
             device,
             worker,
-        }
+            description,
+        })
+    }
+
+    /// Requests whose generations run side by side at most (1: the engine runs one at a time).
+    pub fn max_batch(&self) -> usize {
+        self.scheduler.max_batch()
+    }
+
+    /// The scheduler's live numbers (batch size, steps).
+    pub fn scheduler_stats(&self) -> &SchedulerStats {
+        self.scheduler.stats()
     }
 
     /// Where the backbone runs.
@@ -249,9 +273,6 @@ impl Synthesizer {
     }
 
     pub fn engine_description(&self) -> String {
-        self.engine
-            .lock()
-            .map(|b| b.describe())
-            .unwrap_or_else(|_| "unavailable".into())
+        self.description.clone()
     }
 }

@@ -1,7 +1,7 @@
 //! Running: the generation loop over a request's pieces, with the audio of each piece sent on
 //! as it is made.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -31,10 +31,8 @@ impl Synthesizer {
             .plan(req, budget, req.generation.min_new_tokens)?;
         let front_end = t0.elapsed();
         let rate = self.package().codec.sample_rate;
-        let mut codec = self.codec.lock().map_err(|_| SynthError::Poisoned)?;
-        let codec = RefCell::new(&mut *codec);
         let mut audio = AudioStage::new(
-            &codec,
+            &self.codec,
             &req.output,
             rate,
             &voice.codes,
@@ -52,7 +50,6 @@ impl Synthesizer {
             cancel.cancel();
         }
 
-        let mut engine = self.engine.lock().map_err(|_| SynthError::Poisoned)?;
         let mut out = SynthesisReport {
             codes: Vec::new(),
             prompt_tokens: 0,
@@ -137,24 +134,22 @@ impl Synthesizer {
             // only for a whole-file request before any byte went out: a stream is never retried.
             // The sink then sees this piece's codes again from its first index.
             let generation = loop {
-                let err = match engine.generate(
-                    &self.candidates,
-                    &piece.ids,
-                    &params,
-                    cancel,
-                    &mut on_code,
-                ) {
+                let err = match self
+                    .scheduler
+                    .generate(&piece.ids, &params, cancel, &mut on_code)
+                {
                     Ok(g) => break g,
                     Err(e) => e,
                 };
                 let safe =
                     !retried && !req.output.streaming && sent_before == 0 && !cancel.is_cancelled();
-                let Some(delay) = safe.then(|| engine.retry_delay(&err)).flatten() else {
-                    return Err(err.into());
+                let Some(delay) = err.retry_after.filter(|_| safe) else {
+                    return Err(err.error.into());
                 };
                 tracing::warn!(
-                    "{} request failed: {err}; retrying it once in {:.1} s (not streamed, no audio sent yet)",
-                    engine.device(),
+                    "{} request failed: {}; retrying it once in {:.1} s (not streamed, no audio sent yet)",
+                    self.device,
+                    err.error,
                     delay.as_secs_f64()
                 );
                 std::thread::sleep(delay);

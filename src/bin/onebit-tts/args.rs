@@ -93,6 +93,20 @@ pub struct ModelArgs {
     #[arg(long, env = "ONEBIT_STEP_TIMEOUT_S", value_name = "SECONDS", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub step_timeout: u64,
+    /// Most requests whose codes are generated side by side in one batch (continuous batching:
+    /// requests join and leave between decode steps). 1 runs one request at a time. Packages
+    /// whose graph fixes the batch at 1 (AMD's NPU packages), growing KV and --engine oga run one
+    /// at a time whatever this says.
+    #[arg(long, env = "ONEBIT_MAX_BATCH", value_name = "N",
+          default_value_t = onebit_tts::engine::scheduler::DEFAULT_MAX_BATCH,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub max_batch: usize,
+    /// Prompt tokens prefilled per turn while other requests are generating (their decode steps
+    /// go on between the chunks).
+    #[arg(long, env = "ONEBIT_PREFILL_CHUNK", value_name = "TOKENS",
+          default_value_t = onebit_tts::engine::scheduler::DEFAULT_PREFILL_CHUNK,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub prefill_chunk: usize,
 }
 
 pub fn parse_thread_policy(s: &str) -> Result<ThreadPolicy, String> {
@@ -210,6 +224,10 @@ pub fn synth_config(m: &ModelArgs) -> SynthConfig {
         worker_timeouts: onebit_tts::engine::WorkerTimeouts {
             load: Duration::from_secs(m.load_timeout),
             step: Duration::from_secs(m.step_timeout),
+        },
+        scheduler: onebit_tts::engine::SchedulerOptions {
+            max_batch: m.max_batch,
+            prefill_chunk: m.prefill_chunk,
         },
     }
 }

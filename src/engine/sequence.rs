@@ -1,0 +1,132 @@
+//! One sequence's generation, step by step: budget check, min/max new tokens, speech-constrained
+//! sampling, stop ids, cancellation and the per-code callback. [`super::generate`] runs one
+//! sequence on a [`super::Backbone`]; the scheduler runs many side by side in one batch. Both
+//! feed a [`Sequence`] the logits after each token and feed back the token it returns, so a
+//! sequence makes the same codes alone or in a batch whenever the logits are the same.
+
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use super::{
+    CancelToken, Candidates, EngineError, Generation, GenerationParams, LogitsLayout, Sampler,
+    StopReason, too_long,
+};
+
+/// What the backbone allows a sequence.
+#[derive(Debug, Clone)]
+pub struct SequenceLimits {
+    /// Most tokens (prompt + generated) one sequence may hold.
+    pub budget: usize,
+    /// The past length the graph declares as a number, if it does (names the error).
+    pub static_kv: Option<usize>,
+    pub layout: LogitsLayout,
+}
+
+/// A sequence being generated: its sampler (with its own seeded RNG), its codes so far and its
+/// limits.
+pub struct Sequence {
+    sampler: Sampler,
+    candidates: Candidates,
+    min_new: usize,
+    max_new: usize,
+    out: Generation,
+    started: Instant,
+    decoding_since: Option<Instant>,
+    in_callback: Duration,
+}
+
+impl Sequence {
+    /// Checks the settings and the prompt against the limits; the prefill clock starts here.
+    pub fn new(
+        candidates: &Candidates,
+        prompt: &[u32],
+        params: &GenerationParams,
+        limits: &SequenceLimits,
+    ) -> Result<Self, EngineError> {
+        params.sampling.validate()?;
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt.len() >= limits.budget {
+            return Err(too_long(prompt.len(), limits.budget, limits.static_kv));
+        }
+        let room = limits.budget - prompt.len();
+        let started = Instant::now();
+        let sampler = Sampler::with_layout(params.sampling, candidates.clone(), &limits.layout)?;
+        Ok(Self {
+            out: Generation {
+                codes: Vec::new(),
+                stop: StopReason::Length,
+                prompt_tokens: prompt.len(),
+                seed: sampler.seed(),
+                prefill: Duration::ZERO,
+                decode: Duration::ZERO,
+            },
+            sampler,
+            candidates: candidates.clone(),
+            min_new: params.min_new_tokens,
+            max_new: params.max_new_tokens.map_or(room, |m| m.min(room)),
+            started,
+            decoding_since: None,
+            in_callback: Duration::ZERO,
+        })
+    }
+
+    /// Takes the logits row after the last token fed (the prompt's last, then each code's) and
+    /// returns the token to feed next, or `None` when the sequence has ended (a stop id, the
+    /// length limit, cancellation, or `on_code` asking to stop).
+    pub fn advance(
+        &mut self,
+        logits: &[f32],
+        cancel: &CancelToken,
+        on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Option<u32>, EngineError> {
+        let next = self
+            .sampler
+            .sample(logits, self.out.codes.len() >= self.min_new)?;
+        if self.decoding_since.is_none() {
+            self.out.prefill = self.started.elapsed();
+            self.decoding_since = Some(Instant::now());
+        }
+        if self.candidates.stop_ids.contains(&next) {
+            self.out.stop = StopReason::Stop(next);
+            return Ok(None);
+        }
+        let first = self.candidates.speech_first;
+        debug_assert!((first..first + self.candidates.speech_count).contains(&next));
+        let code = next - first;
+        self.out.codes.push(code);
+        let t = Instant::now();
+        let flow = on_code(code);
+        self.in_callback += t.elapsed();
+        if flow.is_break() || cancel.is_cancelled() {
+            self.out.stop = StopReason::Cancelled;
+            return Ok(None);
+        }
+        if self.out.codes.len() >= self.max_new {
+            self.out.stop = StopReason::Length;
+            return Ok(None);
+        }
+        Ok(Some(next))
+    }
+
+    /// The codes so far.
+    pub fn codes(&self) -> &[u32] {
+        &self.out.codes
+    }
+
+    /// Ends the sequence as cancelled, with what it made so far.
+    pub fn cancelled(mut self) -> Generation {
+        self.out.stop = StopReason::Cancelled;
+        self.finish()
+    }
+
+    /// What the sequence made, with its timings: decode counts the steps, not the time spent in
+    /// `on_code` (a streaming codec, encoding, the caller's I/O), so stage timings add up.
+    pub fn finish(mut self) -> Generation {
+        if let Some(t) = self.decoding_since {
+            self.out.decode = t.elapsed().saturating_sub(self.in_callback);
+        }
+        self.out
+    }
+}

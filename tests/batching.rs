@@ -1,0 +1,437 @@
+//! Continuous batching: sequences that share decode steps make exactly the codes (and the audio)
+//! they make alone, whatever joins or leaves beside them; cancelling one leaves the others alone;
+//! graphs that fix their batch run one sequence at a time through the same scheduler.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::sync::atomic::Ordering;
+use std::sync::{Barrier, mpsc};
+
+use onebit_tts::audio::{AudioFormat, OutputSpec};
+use onebit_tts::engine::{
+    self, CancelToken, Candidates, Generation, GenerationParams, KvMode, LocalEngine,
+    SamplingParams, Scheduler, SchedulerOptions, StopReason,
+};
+use onebit_tts::package::ModelPackage;
+use onebit_tts::synth::{SpeechRequest, SynthConfig, SynthEvent, Synthesizer};
+
+fn sampled(seed: u64, max_new: usize) -> GenerationParams {
+    GenerationParams {
+        sampling: SamplingParams {
+            seed: Some(seed),
+            ..SamplingParams::default()
+        },
+        min_new_tokens: 0,
+        max_new_tokens: Some(max_new),
+    }
+}
+
+/// Prompts of 4 lengths (13 to 300-odd tokens).
+fn prompts(pkg: &ModelPackage) -> Vec<Vec<u32>> {
+    common::speech_prompts(pkg, &[(300, 65_400), (5, 1000), (120, 9), (40, 20_000)])
+}
+
+/// What each prompt makes alone, on a backbone of its own through the plain generation loop.
+fn alone(model: &str, jobs: &[(Vec<u32>, GenerationParams)]) -> Vec<Generation> {
+    let (pkg, mut b) = common::load_ort(&common::model(model), KvMode::Shared);
+    let c = Candidates::of(&pkg);
+    jobs.iter()
+        .map(|(p, g)| common::generate_all(&mut b, &c, p, g))
+        .collect()
+}
+
+fn scheduler(model: &str, kv: KvMode, max_batch: usize) -> (ModelPackage, Scheduler) {
+    let (pkg, b) = common::load_ort(&common::model(model), kv);
+    let s = Scheduler::start(
+        Box::new(LocalEngine(Box::new(b))),
+        Candidates::of(&pkg),
+        SchedulerOptions {
+            max_batch,
+            prefill_chunk: 16,
+        },
+    )
+    .unwrap();
+    (pkg, s)
+}
+
+/// Runs the jobs through `s` from one thread each. Job `i + 1` is submitted once job `i` has
+/// seen `stagger` codes, so sequences join at different steps; `stop_at[i]` makes job `i`'s
+/// sink ask to stop after that many codes.
+fn together(
+    s: &Scheduler,
+    jobs: &[(Vec<u32>, GenerationParams)],
+    stagger: usize,
+    stop_at: &[Option<usize>],
+) -> Vec<Generation> {
+    let n = jobs.len();
+    let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel::<()>()).unzip();
+    let mut rxs: Vec<Option<mpsc::Receiver<()>>> = rxs.into_iter().map(Some).collect();
+    let start = Barrier::new(n);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, (prompt, params))| {
+                let go = rxs[i].take().unwrap();
+                let next = txs.get(i + 1).cloned();
+                let start = &start;
+                let stop = stop_at.get(i).copied().flatten();
+                scope.spawn(move || {
+                    start.wait();
+                    if i > 0 {
+                        go.recv().unwrap();
+                    }
+                    let mut seen = 0;
+                    let mut next = next;
+                    let g = s.generate(prompt, params, &CancelToken::new(), &mut |_| {
+                        seen += 1;
+                        if seen == stagger
+                            && let Some(tx) = next.take()
+                        {
+                            tx.send(()).unwrap();
+                        }
+                        if stop == Some(seen) {
+                            ControlFlow::Break(())
+                        } else {
+                            ControlFlow::Continue(())
+                        }
+                    });
+                    // A job that ended before its stagger point still lets the next one go.
+                    if let Some(tx) = next.take() {
+                        tx.send(()).unwrap();
+                    }
+                    g.unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn assert_same(got: &[Generation], want: &[Generation]) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.stop, w.stop, "job {i}");
+        assert_eq!(g.seed, w.seed, "job {i}");
+        let diverge = g.codes.iter().zip(&w.codes).position(|(a, b)| a != b);
+        assert!(
+            g.codes == w.codes,
+            "job {i}: {} codes batched vs {} alone, first difference at {diverge:?}",
+            g.codes.len(),
+            w.codes.len()
+        );
+    }
+}
+
+#[test]
+fn seeded_sequences_make_the_same_codes_alone_and_in_batches_of_1_2_and_4() {
+    // The random package: sampled codes depend on every logit, so a wrong slot, position or
+    // mask shows up at once. Different prompt lengths and limits: sequences join and leave at
+    // different steps, and the shared buffer (16 positions at first) grows with 4 slots in it.
+    let (pkg, _) = common::load_ort(&common::model("tiny-random"), KvMode::Shared);
+    let limits = [900, 250, 600, 400];
+    let jobs: Vec<(Vec<u32>, GenerationParams)> = prompts(&pkg)
+        .into_iter()
+        .zip(limits)
+        .enumerate()
+        .map(|(i, (p, max_new))| (p, sampled(7 + i as u64, max_new)))
+        .collect();
+    let want = alone("tiny-random", &jobs);
+    for w in &want {
+        assert_eq!(w.stop, StopReason::Length);
+    }
+    for n in [1, 2, 4] {
+        let (_, s) = scheduler("tiny-random", KvMode::Shared, 4);
+        assert_eq!(s.max_batch(), 4);
+        let got = together(&s, &jobs[..n], 20, &[]);
+        assert_same(&got, &want[..n]);
+        assert_eq!(
+            s.stats().peak_batch.load(Ordering::Relaxed),
+            n,
+            "{n} concurrent sequences shared decode steps"
+        );
+    }
+}
+
+#[test]
+fn greedy_chain_codes_are_exact_in_a_batch_with_end_tokens_and_a_full_queue() {
+    // The chain package ends sequences with its end token at different steps; 6 jobs on a batch
+    // of 3 also wait in the queue and take the places the finished ones free.
+    let (pkg, _) = common::load_ort(&common::model("tiny"), KvMode::Shared);
+    let specs = [
+        (5, 64_000),
+        (40, 65_300),
+        (300, 65_000),
+        (7, 10),
+        (90, 65_450),
+        (3, 65_520),
+    ];
+    let jobs: Vec<(Vec<u32>, GenerationParams)> = common::speech_prompts(&pkg, &specs)
+        .into_iter()
+        .map(|p| {
+            (
+                p,
+                GenerationParams {
+                    sampling: SamplingParams::greedy(),
+                    min_new_tokens: 0,
+                    max_new_tokens: Some(3000),
+                },
+            )
+        })
+        .collect();
+    let want = alone("tiny", &jobs);
+    assert!(
+        want.iter().any(|g| matches!(g.stop, StopReason::Stop(_))),
+        "some sequences end with the end token"
+    );
+    let (_, s) = scheduler("tiny", KvMode::Shared, 3);
+    let got = together(&s, &jobs, 5, &[]);
+    assert_same(&got, &want);
+    assert_eq!(s.stats().peak_batch.load(Ordering::Relaxed), 3);
+}
+
+#[test]
+fn sequences_that_end_during_a_chunked_prefill_leave_it_intact() {
+    // X's long prompt is prefilled whole (nothing else runs yet) while A, B and C queue in this
+    // order. A and B join in a chunk or two each; C's long prompt then goes in 16 tokens per turn
+    // beside them, and X, A and B all end during it: each time, C's half-filled slot moves down
+    // to stay right after the running ones.
+    let (pkg, s) = scheduler("tiny-random", KvMode::Shared, 4);
+    let prompts = common::speech_prompts(&pkg, &[(300, 65_400), (5, 1000), (7, 2000), (300, 9)]);
+    let limits = [15, 3, 6, 40];
+    let jobs: Vec<(Vec<u32>, GenerationParams)> = prompts
+        .into_iter()
+        .zip(limits)
+        .enumerate()
+        .map(|(i, (p, max_new))| (p, sampled(40 + i as u64, max_new)))
+        .collect();
+    let want = alone("tiny-random", &jobs);
+    let pending: Vec<_> = jobs
+        .iter()
+        .map(|(p, g)| s.submit(p, g, &CancelToken::new()).unwrap())
+        .collect();
+    let got: Vec<Generation> = pending
+        .into_iter()
+        .map(|p| p.wait(&mut |_| ControlFlow::Continue(())).unwrap())
+        .collect();
+    assert_same(&got, &want);
+    assert!(s.stats().peak_batch.load(Ordering::Relaxed) >= 2);
+}
+
+#[test]
+fn a_stopped_sequence_leaves_the_batch_and_the_others_go_on_unchanged() {
+    let (pkg, _) = common::load_ort(&common::model("tiny-random"), KvMode::Shared);
+    let jobs: Vec<(Vec<u32>, GenerationParams)> = prompts(&pkg)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (p, sampled(100 + i as u64, 700)))
+        .collect();
+    let want = alone("tiny-random", &jobs);
+    let (_, s) = scheduler("tiny-random", KvMode::Shared, 4);
+    // Job 1 stops after 60 codes, job 0 (the first, in slot 0) after 150: the slots move.
+    let got = together(&s, &jobs, 10, &[Some(150), Some(60), None, None]);
+    for (i, stop) in [(0, 150), (1, 60)] {
+        assert_eq!(got[i].stop, StopReason::Cancelled, "job {i}");
+        assert_eq!(got[i].codes, want[i].codes[..stop], "job {i}");
+    }
+    assert_same(&got[2..], &want[2..]);
+
+    // The request's own cancel token (client gone): the job ends within a step, the others go on.
+    let cancel = CancelToken::new();
+    let (first_code, got_first) = mpsc::channel();
+    std::thread::scope(|scope| {
+        let s = &s;
+        let (p0, g0) = jobs[0].clone();
+        let token = cancel.clone();
+        let a = scope.spawn(move || {
+            let mut sent = false;
+            s.generate(&p0, &g0, &token, &mut |_| {
+                if !sent {
+                    first_code.send(()).unwrap();
+                    sent = true;
+                }
+                ControlFlow::Continue(())
+            })
+            .unwrap()
+        });
+        got_first.recv().unwrap();
+        let b = scope.spawn(move || {
+            let (p, g) = &jobs[2];
+            s.generate(
+                p,
+                g,
+                &CancelToken::new(),
+                &mut |_| ControlFlow::Continue(()),
+            )
+            .unwrap()
+        });
+        cancel.cancel();
+        let a = a.join().unwrap();
+        assert_eq!(a.stop, StopReason::Cancelled);
+        assert!(a.codes.len() < 700);
+        assert_eq!(a.codes, want[0].codes[..a.codes.len()]);
+        assert_same(&[b.join().unwrap()], &want[2..3]);
+    });
+}
+
+#[test]
+fn graphs_that_fix_their_batch_and_growing_kv_run_one_at_a_time_with_the_same_codes() {
+    for (model, kv) in [("tiny-static", KvMode::Shared), ("tiny", KvMode::Growing)] {
+        let (pkg, s) = scheduler(model, kv, 4);
+        assert_eq!(s.max_batch(), 1, "{model} {kv:?}");
+        let jobs: Vec<(Vec<u32>, GenerationParams)> =
+            common::speech_prompts(&pkg, &[(5, 1000), (40, 20_000)])
+                .into_iter()
+                .map(|p| (p, sampled(3, 120)))
+                .collect();
+        let (_, mut b) = common::load_ort(&common::model(model), kv);
+        let c = Candidates::of(&pkg);
+        let want: Vec<Generation> = jobs
+            .iter()
+            .map(|(p, g)| common::generate_all(&mut b, &c, p, g))
+            .collect();
+        let got = together(&s, &jobs, 5, &[]);
+        assert_same(&got, &want);
+        assert!(s.stats().peak_batch.load(Ordering::Relaxed) <= 1);
+    }
+}
+
+#[test]
+fn refused_prompts_fail_alone_without_disturbing_the_batch() {
+    let (pkg, s) = scheduler("tiny-random", KvMode::Shared, 4);
+    let ok = (prompts(&pkg)[1].clone(), sampled(5, 300));
+    let want = alone("tiny-random", std::slice::from_ref(&ok));
+    let budget = pkg.genai.token_budget();
+    std::thread::scope(|scope| {
+        let s = &s;
+        let good = scope.spawn(|| {
+            s.generate(&ok.0, &ok.1, &CancelToken::new(), &mut |_| {
+                ControlFlow::Continue(())
+            })
+            .unwrap()
+        });
+        let too_long = vec![ok.0[0]; budget + 1];
+        let err = s
+            .generate(&too_long, &ok.1, &CancelToken::new(), &mut |_| {
+                ControlFlow::Continue(())
+            })
+            .unwrap_err();
+        assert!(
+            matches!(err.error, engine::EngineError::PromptTooLong { .. }),
+            "{:?}",
+            err.error
+        );
+        let mut bad = ok.1.clone();
+        bad.sampling.temperature = -1.0;
+        let err = s
+            .generate(&ok.0, &bad, &CancelToken::new(), &mut |_| {
+                ControlFlow::Continue(())
+            })
+            .unwrap_err();
+        assert!(matches!(err.error, engine::EngineError::Sampling(_)));
+        assert_same(&[good.join().unwrap()], &want);
+    });
+}
+
+// ---- The whole pipeline: requests through one Synthesizer at once. ----
+
+fn synth(max_batch: usize) -> Synthesizer {
+    Synthesizer::load(&SynthConfig {
+        package_dir: common::model("tiny-random"),
+        voice_dirs: vec![common::repo().join("voices")],
+        scheduler: SchedulerOptions {
+            max_batch,
+            prefill_chunk: 32,
+        },
+        ..SynthConfig::default()
+    })
+    .unwrap()
+}
+
+fn request(
+    text: &str,
+    voice: &str,
+    seed: u64,
+    format: AudioFormat,
+    streaming: bool,
+) -> SpeechRequest {
+    let mut req = SpeechRequest {
+        text: text.into(),
+        voice: voice.into(),
+        output: OutputSpec {
+            format,
+            streaming,
+            ..OutputSpec::default()
+        },
+        ..SpeechRequest::default()
+    };
+    req.generation.sampling.seed = Some(seed);
+    req
+}
+
+fn bytes_of(s: &Synthesizer, req: &SpeechRequest) -> Vec<u8> {
+    let mut out = Vec::new();
+    let report = s
+        .synthesize(req, &CancelToken::new(), &mut |ev| {
+            if let SynthEvent::Audio(b) = ev {
+                out.extend_from_slice(b);
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert!(report.codes.len() > 20);
+    out
+}
+
+#[test]
+fn requests_side_by_side_give_byte_identical_audio_to_each_alone() {
+    let voices: Vec<String> = {
+        let s = synth(1);
+        s.voices().names().into_iter().take(3).collect()
+    };
+    assert!(voices.len() >= 2, "the repo ships voices");
+    let reqs = [
+        request(
+            "The quick brown fox jumps over the lazy dog. Then it runs far away into the woods.",
+            &voices[0],
+            11,
+            AudioFormat::Wav,
+            true,
+        ),
+        request("Hello there.", &voices[1], 12, AudioFormat::Pcm, true),
+        request(
+            "A third voice speaks a little longer, in one sentence.",
+            &voices[voices.len() - 1],
+            13,
+            AudioFormat::Flac,
+            false,
+        ),
+    ];
+    let single = synth(1);
+    let want: Vec<Vec<u8>> = reqs.iter().map(|r| bytes_of(&single, r)).collect();
+    drop(single);
+    let batched = synth(4);
+    assert_eq!(batched.max_batch(), 4);
+    let start = Barrier::new(reqs.len());
+    let got: Vec<Vec<u8>> = std::thread::scope(|scope| {
+        let hs: Vec<_> = reqs
+            .iter()
+            .map(|r| {
+                let (b, start) = (&batched, &start);
+                scope.spawn(move || {
+                    start.wait();
+                    bytes_of(b, r)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(g == w, "request {i}: {} vs {} bytes", g.len(), w.len());
+    }
+    let peak = batched.scheduler_stats().peak_batch.load(Ordering::Relaxed);
+    assert!(
+        peak >= 2,
+        "the requests shared decode steps (peak batch {peak})"
+    );
+}
