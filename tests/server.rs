@@ -1427,6 +1427,25 @@ async fn load_200_requests_from_32_clients_get_200_or_429_and_never_mix_bytes() 
         busy as f64
     );
     assert_eq!(metric(&text, "onebit_generations_cancelled_total"), 0.0);
+    // The requests ran side by side in the scheduler's batch, and every one of them is in the
+    // per-stream rate histogram.
+    assert_eq!(metric(&text, "onebit_batch_places"), 4.0);
+    assert_eq!(metric(&text, "onebit_batch_size"), 0.0);
+    let steps = metric(&text, "onebit_decode_steps_total");
+    let rows = metric(&text, "onebit_decode_step_sequences_total");
+    assert!(
+        steps > 0.0 && rows / steps > 1.0,
+        "mean batch {:.2} over {steps} steps",
+        rows / steps
+    );
+    assert_eq!(
+        metric(&text, "onebit_stream_codes_per_second_count"),
+        metric(&text, "onebit_generations_total")
+    );
+    assert_eq!(
+        metric(&text, "onebit_stream_codes_per_second_bucket{le=\"+Inf\"}"),
+        (ok + SEEDS as usize) as f64
+    );
     // Still serving.
     let r = speak(&c, &s, &req(0)).await;
     assert_eq!(r.status(), StatusCode::OK);

@@ -3,6 +3,7 @@
 //! Every number comes from the same [`StageTimings`] that `say` and `/metrics` report. Runs are
 //! summarised as median ± half-range, because a 2-core machine has outliers a mean would hide.
 
+pub mod load;
 pub mod peers;
 pub mod svg;
 

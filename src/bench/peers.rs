@@ -17,6 +17,8 @@ pub enum BenchError {
     Load(#[from] crate::Error),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error(transparent)]
+    Synth(#[from] crate::synth::SynthError),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("the {peer} peer needs {what} ({setup})")]
@@ -89,7 +91,7 @@ pub struct EngineReport {
 }
 
 /// The text every engine-only prompt starts from (the vendor's example sentence, phonemized).
-const PROMPT_TEXT: &str =
+pub(crate) const PROMPT_TEXT: &str =
     "user: Convert the text to speech: ðə kwˈɪk bɹˈaʊn fˈɑːks dʒˈʌmps ˌoʊvɚ ðə lˈeɪzi dˈɑːɡ.";
 
 /// Loads the engine a config asks for and measures it (and the peers) on synthetic prompts of

@@ -296,9 +296,7 @@ impl From<SynthError> for ApiError {
                 ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", msg)
             }
             SynthError::Prompt(_) => ApiError::field("input", "invalid_input", msg),
-            SynthError::Engine(_) | SynthError::Codec(_) | SynthError::Poisoned => {
-                ApiError::unavailable(msg)
-            }
+            SynthError::Engine(_) | SynthError::Codec(_) => ApiError::unavailable(msg),
             // Saved codes are decoded by `onebit-tts decode`, never by a request.
             SynthError::Codes(_) => ApiError::internal(msg),
         }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::engine::StopReason;
+use crate::engine::{SchedulerStats, StopReason};
 use crate::metrics::StageTimings;
 
 /// The labels of `onebit_generations_finished_total`, each always present.
@@ -82,7 +82,13 @@ pub struct Metrics {
     dropped: [AtomicU64; 7],
     closed: [AtomicU64; 2],
     pub connections: AtomicUsize,
+    /// Requests by their own decode rate (codes over their decode time), in [`STREAM_RATE_BUCKETS`].
+    stream_rates: [AtomicU64; STREAM_RATE_BUCKETS.len()],
+    stream_rates_sum_milli: AtomicU64,
 }
+
+/// Upper bounds (codes/s) of the per-stream rate histogram; real time is 50.
+const STREAM_RATE_BUCKETS: [f64; 8] = [10.0, 25.0, 40.0, 50.0, 75.0, 100.0, 200.0, f64::INFINITY];
 
 fn us(d: std::time::Duration) -> u64 {
     d.as_micros().min(u128::from(u64::MAX)) as u64
@@ -142,6 +148,13 @@ impl Metrics {
         let cps = crate::metrics::codes_per_second(codes, t.decode);
         self.last_codes_per_s_milli
             .store((cps * 1000.0) as u64, Ordering::Relaxed);
+        if codes > 0
+            && let Some(i) = STREAM_RATE_BUCKETS.iter().position(|&le| cps <= le)
+        {
+            self.stream_rates[i].fetch_add(1, Ordering::Relaxed);
+            self.stream_rates_sum_milli
+                .fetch_add((cps * 1000.0) as u64, Ordering::Relaxed);
+        }
     }
 
     pub fn codes_total(&self) -> u64 {
@@ -152,7 +165,8 @@ impl Metrics {
         self.cancelled.load(Ordering::Relaxed)
     }
 
-    pub fn render(&self) -> String {
+    /// The text of `/metrics`; `sched` and `places` describe the batch.
+    pub fn render(&self, sched: &SchedulerStats, places: usize) -> String {
         let mut s = String::new();
         s.push_str("# HELP onebit_requests_total Speech requests by HTTP status.\n# TYPE onebit_requests_total counter\n");
         if let Ok(m) = self.by_status.lock() {
@@ -278,11 +292,54 @@ impl Metrics {
                 self.connections.load(Ordering::Relaxed) as f64,
             ),
         ];
-        for (name, ty, help, v) in lines {
+        let batch = [
+            (
+                "onebit_batch_size",
+                "gauge",
+                "Sequences in the running decode batch now.",
+                sched.running.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "onebit_batch_places",
+                "gauge",
+                "Requests that run side by side at most (--max-batch; 1 when the engine cannot batch).",
+                places as f64,
+            ),
+            (
+                "onebit_decode_steps_total",
+                "counter",
+                "Batched decode steps run.",
+                sched.steps.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "onebit_decode_step_sequences_total",
+                "counter",
+                "Sequences over all batched decode steps (divided by the steps: the mean batch size).",
+                sched.step_rows.load(Ordering::Relaxed) as f64,
+            ),
+        ];
+        for (name, ty, help, v) in lines.into_iter().chain(batch) {
             s.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}\n"
             ));
         }
+        s.push_str("# HELP onebit_stream_codes_per_second Requests by their own decode rate in codes/s (each stream's rate while sharing the batch; real time is 50).\n# TYPE onebit_stream_codes_per_second histogram\n");
+        let mut below = 0;
+        for (le, n) in STREAM_RATE_BUCKETS.iter().zip(&self.stream_rates) {
+            below += n.load(Ordering::Relaxed);
+            let le = if le.is_finite() {
+                format!("{le}")
+            } else {
+                "+Inf".to_owned()
+            };
+            s.push_str(&format!(
+                "onebit_stream_codes_per_second_bucket{{le=\"{le}\"}} {below}\n"
+            ));
+        }
+        s.push_str(&format!(
+            "onebit_stream_codes_per_second_sum {}\nonebit_stream_codes_per_second_count {below}\n",
+            self.stream_rates_sum_milli.load(Ordering::Relaxed) as f64 / 1000.0
+        ));
         s
     }
 }

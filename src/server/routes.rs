@@ -139,7 +139,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 async fn metrics_route(State(st): State<Arc<AppState>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.metrics.render(),
+        st.metrics.render(st.synth.scheduler_stats(), st.places),
     )
         .into_response()
 }

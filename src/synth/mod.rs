@@ -64,8 +64,6 @@ pub enum SynthError {
     },
     #[error(transparent)]
     Audio(#[from] crate::audio::AudioError),
-    #[error("the engine is unavailable: a previous request panicked inside it")]
-    Poisoned,
     #[error(transparent)]
     Codes(#[from] CodesError),
 }

@@ -48,6 +48,15 @@ pub struct BenchArgs {
     /// Sampling temperature of the synthesis runs (vendor default 1.0; 0 is greedy).
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f32,
+    /// Run requests at once, at each of these levels (e.g. 1,2,4,8): aggregate and per-stream
+    /// codes/s, time to first audio under load, and the ratio to one request. With
+    /// --engine-only, the backbone's scheduler alone on a synthetic prompt.
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub concurrency: Vec<usize>,
+    /// Prompt length of the --engine-only --concurrency streams (a voice's reference is ~400
+    /// tokens).
+    #[arg(long, default_value_t = 512)]
+    pub load_prompt_len: usize,
 }
 
 pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
@@ -64,6 +73,39 @@ pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
         bar.set_position(done as u64);
         bar.set_message(msg.to_owned());
     };
+    if !args.concurrency.is_empty() {
+        let mut levels = args.concurrency.clone();
+        levels.sort_unstable();
+        levels.dedup();
+        let report = if args.engine_only {
+            bench::load::engine_load(
+                &cfg,
+                &levels,
+                args.load_prompt_len,
+                args.new_tokens,
+                args.runs,
+                &mut progress,
+            )?
+        } else {
+            // The scheduler needs a place for every stream of the largest level.
+            let mut cfg = cfg.clone();
+            cfg.scheduler.max_batch = cfg.scheduler.max_batch.max(levels[levels.len() - 1]);
+            let synth = Synthesizer::load(&cfg)?;
+            let voice = first_voice(&synth, &args.voice);
+            let sampling = onebit_tts::engine::SamplingParams {
+                temperature: args.temperature,
+                ..Default::default()
+            };
+            bench::load::pipeline_load(&synth, &voice, &levels, args.runs, sampling, &mut progress)?
+        };
+        bar.finish_and_clear();
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", report.table());
+        }
+        return Ok(());
+    }
     if args.engine_only {
         let opts = bench::peers::EngineBench {
             prompt_lens: args.prompt_lens.clone(),
@@ -85,12 +127,7 @@ pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
     }
     let synth = Synthesizer::load(&cfg)?;
     let voices = if args.voice.is_empty() {
-        let names = synth.voices().names();
-        vec![if names.iter().any(|n| n == "test") {
-            "test".to_owned()
-        } else {
-            names.first().cloned().unwrap_or_else(|| "test".into())
-        }]
+        vec![first_voice(&synth, &[])]
     } else {
         args.voice.clone()
     };
@@ -110,4 +147,17 @@ pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
         print!("{}", report.table());
     }
     Ok(())
+}
+
+/// The voice a bench runs when none is named: `test` when there is one, else the first.
+fn first_voice(synth: &Synthesizer, named: &[String]) -> String {
+    if let Some(v) = named.first() {
+        return v.clone();
+    }
+    let names = synth.voices().names();
+    if names.iter().any(|n| n == "test") {
+        "test".to_owned()
+    } else {
+        names.first().cloned().unwrap_or_else(|| "test".into())
+    }
 }
