@@ -146,7 +146,12 @@ fn summarise(
                 .sum();
             steady.push(made as f64 / b.duration_since(a).as_secs_f64());
         }
-        let rates: Vec<f64> = streams.iter().filter_map(Stream::rate).collect();
+        // A stream of one code has no rate to speak of.
+        let rates: Vec<f64> = streams
+            .iter()
+            .filter(|s| s.codes.len() > 1)
+            .filter_map(Stream::rate)
+            .collect();
         if let Some(min) = rates.iter().copied().reduce(f64::min) {
             slowest.push(min);
         }
@@ -416,36 +421,38 @@ pub fn pipeline_load(
                 if late {
                     let rx = all_going.lock().unwrap_or_else(|p| p.into_inner());
                     for _ in 0..early {
-                        // A sender that ended early (an error) also releases the late one.
                         if rx.recv().is_err() {
                             break;
                         }
                     }
                     s.started = Instant::now();
                 }
-                let going = going.clone();
-                let mut told = false;
-                let report =
-                    synth.synthesize(&request(r as u64), &CancelToken::new(), &mut |ev| {
-                        match ev {
-                            SynthEvent::Code { code, .. } => {
-                                s.code(code);
-                                if !late && !told {
-                                    told = true;
-                                    let _ = going.send(());
-                                }
+                let mut told = late;
+                let result = synth.synthesize(&request(r as u64), &CancelToken::new(), &mut |ev| {
+                    match ev {
+                        SynthEvent::Code { code, .. } => {
+                            s.code(code);
+                            if !told {
+                                told = true;
+                                let _ = going.send(());
                             }
-                            SynthEvent::Audio(b) if !b.is_empty() => {
-                                s.first_out.get_or_insert_with(Instant::now);
-                            }
-                            _ => {}
                         }
-                        ControlFlow::Continue(())
-                    })?;
+                        SynthEvent::Audio(b) if !b.is_empty() => {
+                            s.first_out.get_or_insert_with(Instant::now);
+                        }
+                        _ => {}
+                    }
+                    ControlFlow::Continue(())
+                });
+                // One that ended without a code (an error, an empty take) still lets the late
+                // one go.
+                if !told {
+                    let _ = going.send(());
+                }
+                let report = result?;
                 s.prefill = report.timings.prefill;
                 Ok(())
             })?;
-            drop(going);
             all.push(streams);
         }
         out.push(summarise(

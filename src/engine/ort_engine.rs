@@ -6,6 +6,8 @@
 //! past and present (`past_present_share_buffer`), which GroupQueryAttention updates in place.
 //! The shared buffer starts at [`SHARED_KV_START`] positions and doubles when a sequence needs
 //! more (up to the budget), so a 32k-context package does not hold 32k positions for a sentence.
+//! Batched, it holds one slot of that many positions per sequence along the batch axis (all slots
+//! grow together: one long sequence grows every slot), and a run binds views of its slots.
 //!
 //! A graph whose past inputs declare their length as a number (AMD's NPU packages: batch 1 and a
 //! fixed window) gets what onnxruntime-genai gives it: one shared buffer of exactly that length,
@@ -32,8 +34,8 @@ use crate::runtime::session;
 use crate::runtime::{ThreadPlan, ThreadPolicy};
 
 /// Positions a shared KV buffer starts with: a long sentence's prompt and codes (a voice's
-/// reference is ~400 tokens, 20 s of speech 1,000 codes) without growing; 25 MB for the real
-/// NeuTTS-air shape.
+/// reference is ~400 tokens, 20 s of speech 1,000 codes) without growing; 25 MB per sequence for
+/// the real NeuTTS-air shape.
 pub const SHARED_KV_START: usize = 2048;
 
 /// How the KV cache is held.
@@ -964,8 +966,9 @@ impl Backbone for OrtBackbone {
 impl BatchBackbone for OrtBackbone {
     fn open(&mut self, slot: usize) -> Result<(), EngineError> {
         self.allocate()?;
-        let result = self.ensure(slot + 1, 0);
-        self.failed(result)?;
+        // A failed ensure keeps the old buffers (it replaces them only when the new ones are
+        // whole), so the running sequences go on; only this one is refused.
+        self.ensure(slot + 1, 0)?;
         self.lens[slot] = 0;
         Ok(())
     }

@@ -7,8 +7,9 @@
 //! Each sequence keeps its own [`Sequence`] (sampler, seeded RNG, limits), so its codes are the
 //! ones it would make alone whenever the backbone's logits are. Otherwise (a worker child, the
 //! oga engine, a static NPU graph, growing KV) jobs run one at a time through
-//! [`super::Engine::generate`]. Jobs wait in arrival order; a long text is one job per piece, so
-//! it queues again between pieces and cannot hold the batch from shorter requests.
+//! [`super::Engine::generate`]. Jobs wait in arrival order; every running sequence gets one code
+//! per decode step whatever its length, and a long text is one job per piece, queued again
+//! between its pieces behind the jobs that arrived meanwhile.
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;

@@ -149,6 +149,7 @@ impl Metrics {
         self.last_codes_per_s_milli
             .store((cps * 1000.0) as u64, Ordering::Relaxed);
         if codes > 0
+            && !t.decode.is_zero()
             && let Some(i) = STREAM_RATE_BUCKETS.iter().position(|&le| cps <= le)
         {
             self.stream_rates[i].fetch_add(1, Ordering::Relaxed);

@@ -1,9 +1,9 @@
 //! The OpenAI-compatible HTTP server (`onebit-tts serve`). Only this module knows HTTP.
 //!
-//! One [`Synthesizer`] serves every request, one at a time, in arrival order: a FIFO gate in front
-//! of the engine and a bounded queue before it (full -> 429 with Retry-After). Each request has a
-//! deadline (504 when it passes) and is cancelled when its client goes away, so generation stops
-//! within one code and the next request starts. On shutdown the listener closes, in-flight requests
+//! One [`Synthesizer`] serves every request: up to its scheduler's batch of them at once, the rest
+//! in arrival order behind a FIFO gate with a bounded queue (full -> 429 with Retry-After). Each
+//! request has a deadline (504 when it passes) and is cancelled when its client goes away, so its
+//! generation leaves the batch within one code and a waiting request takes its place. On shutdown the listener closes, in-flight requests
 //! get a grace period, then are cancelled, and [`serve_on`] returns once the engine is idle.
 //!
 //! By concern: `config` (limits, knobs and the `serve` flags), `conn` (one connection: timeouts,

@@ -115,9 +115,10 @@ pub async fn serve_on(
         }
     }
     // Nothing may start any more; what still runs (a request whose client left) is cancelled and
-    // stops within one code. Waiting for the gate means the engine is idle.
+    // stops within one code. Holding every place of the gate means the engine is idle.
     state.cancel_all();
-    match tokio::time::timeout(SHUTDOWN_DRAIN, state.gate.acquire()).await {
+    let places = u32::try_from(state.places).unwrap_or(u32::MAX);
+    match tokio::time::timeout(SHUTDOWN_DRAIN, state.gate.acquire_many(places)).await {
         Ok(Ok(permit)) => drop(permit),
         _ => tracing::warn!("the engine did not stop in time"),
     }
