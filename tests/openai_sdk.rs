@@ -221,7 +221,7 @@ fn the_openai_node_sdk_gets_valid_audio_with_a_key() {
         log(&server_log)
     );
     let summary = stdout.lines().last().unwrap_or("");
-    assert_eq!(summary, "9 passed, 0 failed");
+    assert_eq!(summary, "11 passed, 0 failed");
 }
 
 /// Resident memory of a process in bytes (`VmRSS` of /proc/PID/status).

@@ -26,7 +26,7 @@ use onebit_tts::codec::CodecDecoder;
 use onebit_tts::engine::{
     CancelToken, Candidates, Engine, EngineError, Generation, GenerationParams,
 };
-use onebit_tts::server::{ServerConfig, serve_on};
+use onebit_tts::server::{ConfigError, ServerConfig, serve_on};
 use onebit_tts::synth::{FrontEnd, SynthConfig, Synthesizer, load_engine};
 
 const TEXT: &str = "Hello world, this is a test.";
@@ -243,9 +243,10 @@ fn client() -> Client {
         .unwrap()
 }
 
-/// A greedy request for the test voice with `extra` fields merged in (null removes a field).
+/// A greedy request for the test voice with `extra` fields merged in (null removes a field). No
+/// `model`: the server's one model speaks (the synthesizers here serve several packages).
 fn body(extra: Value) -> Value {
-    let mut b = json!({"model": "tiny", "voice": "test", "input": TEXT, "temperature": 0});
+    let mut b = json!({"voice": "test", "input": TEXT, "temperature": 0});
     for (k, v) in extra.as_object().unwrap() {
         if v.is_null() {
             b.as_object_mut().unwrap().remove(k);
@@ -546,6 +547,129 @@ async fn sample_rate_and_speed_change_the_output() {
     s.stop().await;
 }
 
+// ---- OpenAI's names ----
+
+/// The greedy WAV of `extra` merged into the test request.
+async fn greedy_wav(c: &Client, s: &Server, extra: Value) -> Vec<u8> {
+    let r = speak(c, s, &body(extra)).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    r.bytes().await.unwrap().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_model_and_voice_names_speak_as_the_voices_they_map_to() {
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+    let jo = greedy_wav(&c, &s, json!({"voice": "jo", "response_format": "wav"})).await;
+    let dave = greedy_wav(&c, &s, json!({"voice": "dave", "response_format": "wav"})).await;
+    assert!(jo != dave, "two voices, two takes");
+    for (model, voice, want) in [
+        ("tts-1", json!("alloy"), &jo),
+        ("tts-1-hd", json!("shimmer"), &jo),
+        ("gpt-4o-mini-tts", json!({"id": "ash"}), &dave),
+        ("neutts-air", json!("onyx"), &dave),
+    ] {
+        let got = greedy_wav(
+            &c,
+            &s,
+            json!({"model": model, "voice": voice, "response_format": "wav",
+                   "instructions": "Speak cheerfully."}),
+        )
+        .await;
+        assert!(got == *want, "{model} {voice}");
+    }
+    // Without a model the one loaded model speaks.
+    let got = greedy_wav(
+        &c,
+        &s,
+        json!({"model": null, "voice": "alloy", "response_format": "wav"}),
+    )
+    .await;
+    assert!(got == jo);
+
+    // An unknown model: 404 as OpenAI answers it, naming the field and the models there are.
+    let r = speak(&c, &s, &body(json!({"model": "whisper-1"}))).await;
+    let msg = api_error(r, 404, Some("model"), Some("model_not_found")).await;
+    assert!(msg.contains("tts-1") && msg.contains("tiny"), "{msg}");
+    // An unknown voice name is still a 400 naming the voice.
+    let r = speak(&c, &s, &body(json!({"voice": "juniper"}))).await;
+    api_error(r, 400, Some("voice"), Some("unknown_voice")).await;
+
+    // /v1/models/{id} describes a model; an unknown id is OpenAI's 404.
+    let r = c.get(s.url("/v1/models/tts-1")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let m: Value = r.json().await.unwrap();
+    assert_eq!(m["id"], "tts-1");
+    assert_eq!(m["object"], "model");
+    assert_eq!(m["owned_by"], "onebit-tts");
+    let r = c.get(s.url("/v1/models/tiny")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = c.get(s.url("/v1/models/dall-e-3")).send().await.unwrap();
+    api_error(r, 404, None, Some("model_not_found")).await;
+
+    // /v1/audio/voices shows the mapping both ways.
+    let v: Value = c
+        .get(s.url("/v1/audio/voices"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["aliases"]["alloy"], "jo");
+    assert_eq!(v["aliases"]["verse"], "steven");
+    assert_eq!(v["aliases"].as_object().unwrap().len(), 11);
+    let jo_entry = v["voices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == "jo")
+        .unwrap();
+    assert_eq!(jo_entry["aliases"], json!(["alloy", "shimmer"]));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_aliases_win_and_bad_ones_stop_the_start() {
+    let mut cfg = config();
+    cfg.voice_aliases = [("alloy", "dave"), ("narrator", "paul")]
+        .iter()
+        .map(|(a, v)| ((*a).to_owned(), (*v).to_owned()))
+        .collect();
+    let s = Server::start(tiny(), cfg).await;
+    let c = client();
+    let dave = greedy_wav(&c, &s, json!({"voice": "dave", "response_format": "wav"})).await;
+    let paul = greedy_wav(&c, &s, json!({"voice": "paul", "response_format": "wav"})).await;
+    assert!(greedy_wav(&c, &s, json!({"voice": "alloy", "response_format": "wav"})).await == dave);
+    assert!(
+        greedy_wav(
+            &c,
+            &s,
+            json!({"voice": {"id": "narrator"}, "response_format": "wav"})
+        )
+        .await
+            == paul
+    );
+    s.stop().await;
+
+    // `serve` refuses an alias to a voice that is not installed, or one that hides a voice,
+    // before it listens.
+    for (alias, voice) in [("alloy", "nobody"), ("dave", "jo")] {
+        let mut cfg = config();
+        cfg.voice_aliases = [(alias.to_owned(), voice.to_owned())].into_iter().collect();
+        let e = onebit_tts::server::serve(tiny(), cfg).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                onebit_tts::server::ServeError::Config(
+                    ConfigError::AliasTarget { .. } | ConfigError::AliasHidesVoice { .. }
+                )
+            ),
+            "{e}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn voices_models_health_and_metrics() {
     let s = Server::start(tiny(), config()).await;
@@ -577,8 +701,19 @@ async fn voices_models_health_and_metrics() {
         .await
         .unwrap();
     assert_eq!(m["object"], "list");
-    assert_eq!(m["data"][0]["id"], "tiny");
-    assert_eq!(m["data"][0]["object"], "model");
+    let ids: Vec<&str> = m["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            assert_eq!(d["object"], "model");
+            d["id"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        ["tts-1", "tts-1-hd", "gpt-4o-mini-tts", "neutts-air", "tiny"]
+    );
 
     let r = c.get(s.url("/health")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);

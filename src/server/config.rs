@@ -41,6 +41,9 @@ pub struct ServerConfig {
     pub max_response_bytes: usize,
     /// Serve a non-loopback address without keys (`--insecure-no-auth`).
     pub insecure_no_auth: bool,
+    /// The operator's voice aliases (`--voice-aliases FILE`, then `--voice-alias A=V`), over the
+    /// default mapping of OpenAI's voice names (see `names`).
+    pub voice_aliases: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for ServerConfig {
@@ -63,6 +66,7 @@ impl Default for ServerConfig {
             max_connections: 512,
             max_response_bytes: 64 << 20,
             insecure_no_auth: false,
+            voice_aliases: Default::default(),
         }
     }
 }
@@ -88,6 +92,24 @@ pub enum ConfigError {
     TooSmall { flag: &'static str, min: u64 },
     #[error("--{flag} must be a positive number of seconds, got {value}")]
     BadSeconds { flag: &'static str, value: f64 },
+    #[error(
+        "voice alias {spec:?}: expected ALIAS=VOICE, both voice names (letters, digits, - and _)"
+    )]
+    AliasSyntax { spec: String },
+    #[error("voice aliases file {}: {msg}", path.display())]
+    AliasFile { path: PathBuf, msg: String },
+    #[error(
+        "voice alias {alias:?} names the voice {voice:?}, which is not installed (installed: {known})"
+    )]
+    AliasTarget {
+        alias: String,
+        voice: String,
+        known: String,
+    },
+    #[error(
+        "voice alias {alias:?} would hide the installed voice of that name; choose another alias"
+    )]
+    AliasHidesVoice { alias: String },
 }
 
 /// Flags of `onebit-tts serve` that configure the HTTP side (docs/api.md, "Configuration").
@@ -158,6 +180,19 @@ pub struct ServeArgs {
     /// Largest whole (not streamed) response in MiB of 16-bit audio; larger ones are refused (400).
     #[arg(long, env = "ONEBIT_MAX_RESPONSE_MB", default_value_t = 64)]
     pub max_response_mb: usize,
+    /// A JSON file of voice aliases, `{"alloy": "dave", ...}`: names clients may send for
+    /// installed voices (over the default mapping of OpenAI's voice names).
+    #[arg(long, env = "ONEBIT_VOICE_ALIASES_FILE")]
+    pub voice_aliases: Option<PathBuf>,
+    /// A voice alias ALIAS=VOICE (repeatable; ONEBIT_VOICE_ALIASES takes a comma-separated list);
+    /// wins over the file and the defaults.
+    #[arg(
+        long = "voice-alias",
+        env = "ONEBIT_VOICE_ALIASES",
+        value_delimiter = ',',
+        value_name = "ALIAS=VOICE"
+    )]
+    pub voice_alias: Vec<String>,
 }
 
 fn secs(s: f64, flag: &'static str) -> Result<Duration, ConfigError> {
@@ -190,6 +225,14 @@ impl ServeArgs {
                 min: 1,
             });
         }
+        let mut voice_aliases = match &self.voice_aliases {
+            Some(path) => super::names::read_alias_file(path)?,
+            None => Default::default(),
+        };
+        for spec in &self.voice_alias {
+            let (alias, voice) = super::names::parse_alias(spec)?;
+            voice_aliases.insert(alias, voice);
+        }
         let cfg = ServerConfig {
             addr: SocketAddr::new(self.host, self.port),
             queue_depth: self.queue_depth,
@@ -208,6 +251,7 @@ impl ServeArgs {
             max_connections: self.max_connections,
             max_response_bytes: self.max_response_mb.saturating_mul(1 << 20),
             insecure_no_auth: self.insecure_no_auth,
+            voice_aliases,
         };
         cfg.check_exposure()?;
         Ok(cfg)
@@ -282,6 +326,36 @@ mod tests {
         assert_eq!(cfg.api_keys, ["k1", "k2"]);
         assert!(parse(&["--host", "0.0.0.0", "--insecure-no-auth"]).is_ok());
         assert!(parse(&["--host", "::1"]).is_ok());
+    }
+
+    #[test]
+    fn voice_aliases_come_from_a_file_then_the_flags() {
+        let dir = std::env::temp_dir().join(format!("onebit-aliases-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("aliases.json");
+        std::fs::write(&file, r#"{"alloy": "jo", "house": "dave"}"#).unwrap();
+        let f = file.to_str().unwrap();
+        let cfg = parse(&["--voice-aliases", f, "--voice-alias", "alloy=paul"]).unwrap();
+        let got: Vec<(&str, &str)> = cfg
+            .voice_aliases
+            .iter()
+            .map(|(a, v)| (a.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(got, [("alloy", "paul"), ("house", "dave")]);
+        for bad in ["alloy", "=dave", "alloy=", "al loy=dave", "alloy=../dave"] {
+            let e = parse(&["--voice-alias", bad]).unwrap_err();
+            assert!(matches!(e, ConfigError::AliasSyntax { .. }), "{bad}: {e}");
+        }
+        std::fs::write(&file, r#"["alloy"]"#).unwrap();
+        let e = parse(&["--voice-aliases", f]).unwrap_err();
+        assert!(matches!(e, ConfigError::AliasFile { .. }), "{e}");
+        assert!(e.to_string().contains("JSON object"), "{e}");
+        std::fs::write(&file, r#"{"alloy": "a/b"}"#).unwrap();
+        assert!(matches!(
+            parse(&["--voice-aliases", f]).unwrap_err(),
+            ConfigError::AliasFile { .. }
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -126,6 +126,22 @@ impl ApiError {
         )
     }
 
+    /// 404 for a model id this server does not serve (OpenAI's `model_not_found`); `param` is
+    /// `model` when the id came in a request body.
+    pub fn model_not_found(id: &str, known: &[String], param: Option<&'static str>) -> Self {
+        Self {
+            param,
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!(
+                    "the model {id:?} does not exist here (models: {})",
+                    known.join(", ")
+                ),
+            )
+        }
+    }
+
     pub fn not_found() -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", "no such route")
     }

@@ -17,6 +17,7 @@ mod config;
 mod conn;
 mod errors;
 mod metrics;
+pub mod names;
 mod routes;
 mod runner;
 mod schema;
@@ -53,9 +54,27 @@ pub(super) struct AppState {
     pub(super) inflight: Mutex<HashMap<u64, CancelToken>>,
     pub(super) next_id: AtomicU64,
     pub(super) shutting_down: AtomicBool,
+    /// OpenAI's voice names and the operator's aliases, resolved against the installed voices.
+    pub(super) aliases: names::VoiceAliases,
 }
 
 impl AppState {
+    /// The model ids requests may name: OpenAI's, the family's and the package's own.
+    pub(super) fn model_ids(&self) -> Vec<String> {
+        names::model_ids(&self.package_name())
+    }
+
+    /// The package's own name: its directory's.
+    pub(super) fn package_name(&self) -> String {
+        self.synth
+            .package()
+            .dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(names::FAMILY)
+            .to_owned()
+    }
+
     pub(super) fn cancel_all(&self) -> usize {
         let tokens: Vec<CancelToken> = self
             .inflight

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use super::admission::{Admission, CancelOnDrop, check_host, check_key, cors};
 use super::errors::ApiError;
 use super::metrics::Metrics;
+use super::names::VoiceAliases;
 use super::runner::{CHUNKS_IN_FLIGHT, Chunk, run_job};
 use super::schema::{StreamFormat, check_content_type, parse_body, read_body};
 use super::stream::{add_report_headers, response_stream};
@@ -32,7 +33,13 @@ pub fn router(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Router {
 }
 
 pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<AppState>) {
+    // `serve` refuses bad aliases before it binds; a router built directly keeps the defaults.
+    let aliases = VoiceAliases::new(synth.voices(), &cfg.voice_aliases).unwrap_or_else(|e| {
+        tracing::error!("{e}; serving OpenAI's voice names with the default mapping only");
+        VoiceAliases::new(synth.voices(), &Default::default()).unwrap_or_default()
+    });
     let state = Arc::new(AppState {
+        aliases,
         engine: synth.engine_description(),
         places: synth.max_batch(),
         gate: Arc::new(Semaphore::new(synth.max_batch())),
@@ -48,6 +55,7 @@ pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<
         .route("/v1/audio/speech", post(speech))
         .route("/v1/audio/voices", get(voices))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(metrics_route))
         .fallback(not_found)
@@ -78,27 +86,38 @@ async fn voices(State(st): State<Arc<AppState>>) -> Response {
         .voices()
         .iter()
         .map(|(v, _)| {
-            serde_json::json!({"name": v.name, "language": v.language, "reference_seconds": v.seconds()})
+            serde_json::json!({"name": v.name, "language": v.language,
+                "reference_seconds": v.seconds(), "aliases": st.aliases.of(&v.name)})
         })
         .collect();
-    axum::Json(serde_json::json!({ "voices": voices })).into_response()
+    let aliases: serde_json::Map<String, serde_json::Value> = st
+        .aliases
+        .iter()
+        .map(|(a, v)| (a.to_owned(), v.into()))
+        .collect();
+    axum::Json(serde_json::json!({ "voices": voices, "aliases": aliases })).into_response()
 }
 
-fn model_id(st: &AppState) -> String {
-    st.synth
-        .package()
-        .dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("neutts-air")
-        .to_owned()
+/// OpenAI's model object.
+fn model_object(id: &str) -> serde_json::Value {
+    serde_json::json!({"id": id, "object": "model", "owned_by": "onebit-tts", "created": 0})
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Response {
-    axum::Json(serde_json::json!({"object": "list", "data": [
-        {"id": model_id(&st), "object": "model", "owned_by": "onebit-tts", "created": 0}
-    ]}))
-    .into_response()
+    let data: Vec<_> = st.model_ids().iter().map(|id| model_object(id)).collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+async fn model(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let known = st.model_ids();
+    if known.contains(&id) {
+        axum::Json(model_object(&id)).into_response()
+    } else {
+        ApiError::model_not_found(&id, &known, None).into_response()
+    }
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
@@ -120,7 +139,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
             v["detail"] = w.to_string().into();
             v
         }),
-        "model": model_id(&st),
+        "model": st.package_name(),
         "device": st.cfg.device,
         "engine": st.engine,
         "residency": st.synth.residency(),

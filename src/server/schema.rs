@@ -26,9 +26,9 @@ pub(super) enum VoiceField {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SpeechBody {
-    /// Accepted for compatibility: the server has one model.
+    /// One of the ids `GET /v1/models` lists (OpenAI's, the family's, the package's); all are
+    /// the one loaded model. Absent: that model.
     #[serde(default)]
-    #[allow(dead_code)]
     model: Option<String>,
     input: String,
     voice: VoiceField,
@@ -158,8 +158,14 @@ pub(super) fn parse_body(
     if chars > st.cfg.max_input_chars {
         return Err(ApiError::input_too_long(chars, st.cfg.max_input_chars));
     }
+    if let Some(model) = &body.model {
+        let known = st.model_ids();
+        if !known.iter().any(|m| m == model) {
+            return Err(ApiError::model_not_found(model, &known, Some("model")));
+        }
+    }
     let voice = match body.voice {
-        VoiceField::Name(n) | VoiceField::Object { id: n } => n,
+        VoiceField::Name(n) | VoiceField::Object { id: n } => st.aliases.resolve(&n).to_owned(),
     };
     if let Err(e) = st.synth.voices().get(&voice) {
         return Err(SynthError::Voice(e).into());

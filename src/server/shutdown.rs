@@ -26,6 +26,8 @@ pub async fn serve(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Result<(), Ser
     if !cfg.addr.ip().is_loopback() && cfg.api_keys.is_empty() && !cfg.insecure_no_auth {
         return Err(ConfigError::Unprotected { addr: cfg.addr }.into());
     }
+    // An alias that names no installed voice (or hides one) stops the start, before the bind.
+    super::names::VoiceAliases::new(synth.voices(), &cfg.voice_aliases)?;
     let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
     Ok(serve_on(listener, synth, cfg, shutdown_signal()).await?)
 }

@@ -7,8 +7,9 @@
 // tests/openai_sdk.rs starts the server on the tiny package and runs this. Greedy decoding
 // (`temperature: 0`, an extension field the SDK passes through) makes the length known.
 // Covers `client.audio.speech.create(...)` in every format, streamed raw (`stream_format:
-// "audio"`), the SDK's BadRequestError for a refused format and AuthenticationError for a wrong
-// key. Prints one line per check, then "N passed, M failed"; exits non-zero on any failure.
+// "audio"`), OpenAI's model and voice names (`tts-1` with `alloy`), `models.list()` /
+// `retrieve()` with NotFoundError for an unknown id, the SDK's BadRequestError for a refused
+// format and AuthenticationError for a wrong key. Prints one line per check, then "N passed, M failed"; exits non-zero on any failure.
 "use strict";
 
 const OpenAI = require("openai");
@@ -104,6 +105,28 @@ async function main() {
       return "400 unsupported_value";
     }
     throw new Error("expected a 400");
+  });
+  await run("model tts-1 and voice alloy speak as the mapped voice", async () => {
+    const wav = async (model, voice) =>
+      Buffer.from(await (await client.audio.speech.create({ model, voice, input: TEXT, temperature: 0, response_format: "wav" })).arrayBuffer());
+    const alias = await wav("tts-1", "alloy");
+    assert(alias.equals(await wav("tiny", "jo")), "alloy speaks as jo");
+    assert(alias.length > 44 + 2 * 480, `${alias.length} bytes`);
+    return `${alias.length} bytes`;
+  });
+  await run("models.list / models.retrieve, NotFoundError for an unknown id", async () => {
+    const ids = [];
+    for await (const m of client.models.list()) ids.push(m.id);
+    for (const want of ["tts-1", "tts-1-hd", "gpt-4o-mini-tts", "tiny"]) assert(ids.includes(want), `${want} in ${ids}`);
+    const m = await client.models.retrieve("gpt-4o-mini-tts");
+    assert(m.id === "gpt-4o-mini-tts" && m.object === "model", JSON.stringify(m));
+    try {
+      await client.models.retrieve("whisper-1");
+    } catch (e) {
+      assert(e instanceof OpenAI.NotFoundError && e.code === "model_not_found", `${e}`);
+      return ids.join(", ");
+    }
+    throw new Error("expected a 404");
   });
   await run("a wrong API key gets AuthenticationError", async () => {
     const bad = new OpenAI({ baseURL, apiKey: apiKey + "-wrong", maxRetries: 0 });

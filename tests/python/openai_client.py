@@ -9,8 +9,10 @@ tests/openai_sdk.rs starts the server on the tiny package and runs this. Greedy 
 non-streamed file must hold `--expect-samples` samples at 24 kHz. Covers
 `client.audio.speech.create(...)` in every format (and the default, mp3),
 `client.audio.speech.with_streaming_response.create(...)` streamed to a file, raw
-(`stream_format="audio"`) and SSE (`stream_format="sse"`) streaming, `speed`, and the SDK's
-error types for a refused format and an unknown voice.
+(`stream_format="audio"`) and SSE (`stream_format="sse"`) streaming, `speed`, OpenAI's model and
+voice names (`tts-1` with `alloy` speaks as the voice alloy maps to), `client.models.list()` /
+`retrieve()` with NotFoundError for an unknown id, and the SDK's error types for a refused format
+and an unknown voice.
 
 Validation: wav with the `wave` module (rate, width, channels, frame count), pcm by length,
 the compressed formats by magic bytes and a non-trivial size. Prints one line per check,
@@ -209,6 +211,36 @@ def main():
         refused({"response_format": "aac"}, ["aac", "mp3, opus, flac, wav, pcm"]),
     )
     check("an unknown voice is refused", refused({"voice": "nobody"}, ["nobody", "test"]))
+
+    def openai_names():
+        # A default OpenAI client's model and voice speak as the voice the name maps to.
+        def wav(model, voice):
+            r = client.audio.speech.create(
+                model=model, voice=voice, input=TEXT, response_format="wav", extra_body=greedy
+            )
+            return r.read()
+
+        alias = wav("tts-1", "alloy")
+        assert alias == wav(args.model, "jo"), "alloy speaks as jo"
+        assert alias[:4] == b"RIFF" and len(alias) > 44 + 2 * 480, len(alias)
+        assert wav("gpt-4o-mini-tts", "onyx") == wav(args.model, "dave"), "onyx speaks as dave"
+        return f"{len(alias)} bytes"
+
+    def models():
+        ids = [m.id for m in client.models.list()]
+        for want in ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", args.model):
+            assert want in ids, (want, ids)
+        m = client.models.retrieve("tts-1")
+        assert m.id == "tts-1" and m.object == "model", m
+        try:
+            client.models.retrieve("whisper-1")
+        except openai.NotFoundError as e:
+            assert e.code == "model_not_found", e.code
+            return ", ".join(ids)
+        raise AssertionError("expected a 404")
+
+    check("model tts-1 and voice alloy speak as the mapped voice", openai_names)
+    check("models.list / models.retrieve, NotFoundError for an unknown id", models)
 
     def wrong_key():
         bad = OpenAI(base_url=args.base_url, api_key=key + "-wrong", max_retries=0, timeout=120)
