@@ -5,7 +5,8 @@
 #   .onebit/venv          python venv: onnxruntime, onnxruntime-genai, onnx, numpy (generator, parity tests),
 #                         gguf (tools/onnx_to_gguf.py, the llama.cpp peer's model, and its test),
 #                         openai (the official SDK, for tests/python/openai_client.py against the server),
-#                         tokenizers (the HF tokenizers check of the generated tokenizer.json)
+#                         tokenizers (the HF tokenizers check of the generated tokenizer.json),
+#                         wyoming (Home Assistant's protocol library, for tests/python/wyoming_client.py)
 #   .onebit/onnxruntime   the ONNX Runtime shared library from the onnxruntime wheel
 #   .onebit/neutts        espeak-ng 1.52 library + data and the sample voices from the neutts wheel
 #   .onebit/node          the official OpenAI Node SDK (npm `openai`, for tests/node/openai_client.js)
@@ -56,13 +57,14 @@ OPENAI_VERSION=3.57.0
 # The Node SDK's 6.x line still runs on Node 18/20 (7.x needs Node 22).
 OPENAI_NODE_VERSION=6.30.1
 GGUF_VERSION=0.19.0
+WYOMING_VERSION=1.10.2
 TOKENIZERS_VERSION=0.23.3
 
 if [ ! -x "$home/venv/bin/python" ]; then
   "$py" -m venv "$home/venv"
 fi
 stamp="$home/venv/.onebit-reqs"
-reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION ${ONEBIT_EXTRA_PIP:-}"
+reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION wyoming==$WYOMING_VERSION ${ONEBIT_EXTRA_PIP:-}"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
   echo "$reqs" > "$stamp"

@@ -3,7 +3,9 @@
 //! must pass every check of tests/python/openai_client.py (a wrong key refused too), then SIGTERM
 //! stops the server with exit 0; the official Node SDK (npm `openai`, in .onebit/node) every
 //! check of tests/node/openai_client.js; and clients that never read must not grow its memory beyond
-//! the documented bound (VmRSS of the child).
+//! the documented bound (VmRSS of the child). The same binary serves Home Assistant's Wyoming
+//! protocol (`--wyoming-uri`, beside HTTP or alone): the `wyoming` package as the client must pass
+//! every check of tests/python/wyoming_client.py.
 
 mod common;
 
@@ -356,4 +358,71 @@ fn four_clients_that_never_read_keep_memory_bounded() {
     // Both streams stopped generating before their end: they waited for a reader that never came.
     assert_eq!(dropped, 2.0);
     assert!(codes < 5.0 * 3000.0, "{codes}");
+}
+
+/// Runs tests/python/wyoming_client.py against `port`; panics with both logs on a failure.
+fn wyoming_client(port: u16, server_log: &Path) {
+    let out = Command::new(python())
+        .arg(common::repo().join("tests/python/wyoming_client.py"))
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "wyoming_client.py failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log(server_log)
+    );
+    assert_eq!(stdout.lines().last().unwrap_or(""), "8 passed, 0 failed");
+}
+
+#[test]
+fn the_wyoming_client_speaks_with_the_server_beside_http_and_alone() {
+    let dir = common::tempdir("wyoming");
+    // Beside HTTP: the Wyoming port is bound before HTTP answers /health.
+    let server_log = dir.join("server.log");
+    let port = free_port();
+    let uri = format!("tcp://127.0.0.1:{port}");
+    let (_server, _) = start_server("tiny", &["--wyoming-uri", &uri], &server_log);
+    wyoming_client(port, &server_log);
+    drop(_server);
+
+    // Alone (--no-http): ready once the port accepts; SIGTERM stops it with exit 0.
+    let alone_log = dir.join("alone.log");
+    let port = free_port();
+    let uri = format!("tcp://127.0.0.1:{port}");
+    let child = Command::new(common::bin())
+        .args(["serve", "--model"])
+        .arg(common::model("tiny"))
+        .args(["--no-http", "--wyoming-uri", &uri])
+        .current_dir(common::repo())
+        .env_remove("ONEBIT_MODEL")
+        .env("ONEBIT_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&alone_log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut server = Reap(Some(child));
+    let child = server.0.as_mut().unwrap();
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the server exited with {status}:\n{}", log(&alone_log));
+        }
+        assert!(start.elapsed() < STARTUP, "{}", log(&alone_log));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wyoming_client(port, &alone_log);
+    // SAFETY: kill(2) on the child's own pid.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    let status = wait_exit(child, STOP)
+        .unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", log(&alone_log)));
+    server.0 = None;
+    assert!(status.success(), "{status}:\n{}", log(&alone_log));
 }

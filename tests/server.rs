@@ -26,6 +26,7 @@ use onebit_tts::codec::CodecDecoder;
 use onebit_tts::engine::{
     CancelToken, Candidates, Engine, EngineError, Generation, GenerationParams,
 };
+use onebit_tts::server::names::AliasError;
 use onebit_tts::server::{ConfigError, ServerConfig, serve_on};
 use onebit_tts::synth::{FrontEnd, SynthConfig, Synthesizer, load_engine};
 
@@ -661,9 +662,9 @@ async fn operator_aliases_win_and_bad_ones_stop_the_start() {
         assert!(
             matches!(
                 e,
-                onebit_tts::server::ServeError::Config(
-                    ConfigError::AliasTarget { .. } | ConfigError::AliasHidesVoice { .. }
-                )
+                onebit_tts::server::ServeError::Config(ConfigError::Alias(
+                    AliasError::Target { .. } | AliasError::HidesVoice { .. }
+                ))
             ),
             "{e}"
         );

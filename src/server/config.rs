@@ -44,6 +44,10 @@ pub struct ServerConfig {
     /// The operator's voice aliases (`--voice-aliases FILE`, then `--voice-alias A=V`), over the
     /// default mapping of OpenAI's voice names (see `names`).
     pub voice_aliases: std::collections::BTreeMap<String, String>,
+    /// Where the Wyoming protocol is served (`--wyoming-uri`), if anywhere.
+    pub wyoming: Option<SocketAddr>,
+    /// Serve HTTP at `addr` (`--no-http` turns it off, for a Wyoming-only server).
+    pub http: bool,
 }
 
 impl Default for ServerConfig {
@@ -67,6 +71,8 @@ impl Default for ServerConfig {
             max_response_bytes: 64 << 20,
             insecure_no_auth: false,
             voice_aliases: Default::default(),
+            wyoming: None,
+            http: true,
         }
     }
 }
@@ -92,24 +98,17 @@ pub enum ConfigError {
     TooSmall { flag: &'static str, min: u64 },
     #[error("--{flag} must be a positive number of seconds, got {value}")]
     BadSeconds { flag: &'static str, value: f64 },
+    #[error(transparent)]
+    Alias(#[from] super::names::AliasError),
+    #[error("--wyoming-uri {uri:?}: expected tcp://HOST:PORT with an IP address or localhost")]
+    WyomingUri { uri: String },
     #[error(
-        "voice alias {spec:?}: expected ALIAS=VOICE, both voice names (letters, digits, - and _)"
+        "refusing to serve Wyoming on {addr}: the protocol has no keys, so other machines could \
+         use this server. Listen on 127.0.0.1, or pass --insecure-no-auth"
     )]
-    AliasSyntax { spec: String },
-    #[error("voice aliases file {}: {msg}", path.display())]
-    AliasFile { path: PathBuf, msg: String },
-    #[error(
-        "voice alias {alias:?} names the voice {voice:?}, which is not installed (installed: {known})"
-    )]
-    AliasTarget {
-        alias: String,
-        voice: String,
-        known: String,
-    },
-    #[error(
-        "voice alias {alias:?} would hide the installed voice of that name; choose another alias"
-    )]
-    AliasHidesVoice { alias: String },
+    WyomingUnprotected { addr: SocketAddr },
+    #[error("--no-http needs --wyoming-uri: nothing would be served")]
+    NothingServed,
 }
 
 /// Flags of `onebit-tts serve` that configure the HTTP side (docs/api.md, "Configuration").
@@ -193,6 +192,26 @@ pub struct ServeArgs {
         value_name = "ALIAS=VOICE"
     )]
     pub voice_alias: Vec<String>,
+    /// Also serve the Wyoming protocol (Home Assistant) at tcp://HOST:PORT.
+    #[arg(long, env = "ONEBIT_WYOMING_URI", value_name = "tcp://HOST:PORT")]
+    pub wyoming_uri: Option<String>,
+    /// Serve no HTTP (with --wyoming-uri: a Wyoming-only server).
+    #[arg(long)]
+    pub no_http: bool,
+}
+
+/// `tcp://HOST:PORT`, HOST an IP address or `localhost`.
+pub fn parse_wyoming_uri(uri: &str) -> Result<SocketAddr, ConfigError> {
+    let bad = || ConfigError::WyomingUri {
+        uri: uri.to_owned(),
+    };
+    let rest = uri.strip_prefix("tcp://").ok_or_else(bad)?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if let Some(port) = rest.strip_prefix("localhost:") {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    rest.parse().map_err(|_| bad())
 }
 
 fn secs(s: f64, flag: &'static str) -> Result<Duration, ConfigError> {
@@ -233,6 +252,14 @@ impl ServeArgs {
             let (alias, voice) = super::names::parse_alias(spec)?;
             voice_aliases.insert(alias, voice);
         }
+        let wyoming = self
+            .wyoming_uri
+            .as_deref()
+            .map(parse_wyoming_uri)
+            .transpose()?;
+        if self.no_http && wyoming.is_none() {
+            return Err(ConfigError::NothingServed);
+        }
         let cfg = ServerConfig {
             addr: SocketAddr::new(self.host, self.port),
             queue_depth: self.queue_depth,
@@ -252,6 +279,8 @@ impl ServeArgs {
             max_response_bytes: self.max_response_mb.saturating_mul(1 << 20),
             insecure_no_auth: self.insecure_no_auth,
             voice_aliases,
+            wyoming,
+            http: !self.no_http,
         };
         cfg.check_exposure()?;
         Ok(cfg)
@@ -262,7 +291,20 @@ impl ServerConfig {
     /// A server other machines can reach must have a key, unless the operator says otherwise
     /// (`--insecure-no-auth`), and then it says so loudly.
     pub fn check_exposure(&self) -> Result<(), ConfigError> {
-        if self.addr.ip().is_loopback() || !self.api_keys.is_empty() {
+        if let Some(addr) = self.wyoming
+            && !addr.ip().is_loopback()
+        {
+            if !self.insecure_no_auth {
+                return Err(ConfigError::WyomingUnprotected { addr });
+            }
+            let warning = format!(
+                "serving Wyoming on {addr} (--insecure-no-auth): the protocol has no keys, so \
+                 anyone who can reach this address can use the server"
+            );
+            tracing::warn!("{warning}");
+            eprintln!("warning: {warning}");
+        }
+        if !self.http || self.addr.ip().is_loopback() || !self.api_keys.is_empty() {
             return Ok(());
         }
         if !self.insecure_no_auth {
@@ -302,6 +344,7 @@ fn read_key_file(path: &Path) -> Result<Vec<String>, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::names::AliasError;
     use super::*;
     use clap::Parser;
 
@@ -344,18 +387,53 @@ mod tests {
         assert_eq!(got, [("alloy", "paul"), ("house", "dave")]);
         for bad in ["alloy", "=dave", "alloy=", "al loy=dave", "alloy=../dave"] {
             let e = parse(&["--voice-alias", bad]).unwrap_err();
-            assert!(matches!(e, ConfigError::AliasSyntax { .. }), "{bad}: {e}");
+            assert!(
+                matches!(e, ConfigError::Alias(AliasError::Syntax { .. })),
+                "{bad}: {e}"
+            );
         }
         std::fs::write(&file, r#"["alloy"]"#).unwrap();
         let e = parse(&["--voice-aliases", f]).unwrap_err();
-        assert!(matches!(e, ConfigError::AliasFile { .. }), "{e}");
+        assert!(
+            matches!(e, ConfigError::Alias(AliasError::File { .. })),
+            "{e}"
+        );
         assert!(e.to_string().contains("JSON object"), "{e}");
         std::fs::write(&file, r#"{"alloy": "a/b"}"#).unwrap();
         assert!(matches!(
             parse(&["--voice-aliases", f]).unwrap_err(),
-            ConfigError::AliasFile { .. }
+            ConfigError::Alias(AliasError::File { .. })
         ));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn wyoming_uris_and_their_exposure() {
+        let cfg = parse(&["--wyoming-uri", "tcp://127.0.0.1:10200"]).unwrap();
+        assert_eq!(cfg.wyoming, Some("127.0.0.1:10200".parse().unwrap()));
+        assert!(cfg.http);
+        let cfg = parse(&["--wyoming-uri", "tcp://localhost:10200/", "--no-http"]).unwrap();
+        assert_eq!(cfg.wyoming, Some("127.0.0.1:10200".parse().unwrap()));
+        assert!(!cfg.http);
+        for bad in [
+            "127.0.0.1:10200",
+            "tcp://host.lan:10200",
+            "tcp://127.0.0.1",
+            "unix:///x",
+        ] {
+            let e = parse(&["--wyoming-uri", bad]).unwrap_err();
+            assert!(matches!(e, ConfigError::WyomingUri { .. }), "{bad}: {e}");
+        }
+        let e = parse(&["--wyoming-uri", "tcp://0.0.0.0:10200"]).unwrap_err();
+        assert!(matches!(e, ConfigError::WyomingUnprotected { .. }), "{e}");
+        // HTTP keys do not cover Wyoming, which has none.
+        let e = parse(&["--wyoming-uri", "tcp://0.0.0.0:10200", "--api-key", "k"]).unwrap_err();
+        assert!(matches!(e, ConfigError::WyomingUnprotected { .. }), "{e}");
+        assert!(parse(&["--wyoming-uri", "tcp://0.0.0.0:10200", "--insecure-no-auth"]).is_ok());
+        assert!(matches!(
+            parse(&["--no-http"]).unwrap_err(),
+            ConfigError::NothingServed
+        ));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! the connection limit, its shutdown), `schema` (the request body and its validation),
 //! `admission` (Host, keys, CORS and places in the queue), `runner` (a request on the engine), `stream` (response
 //! framing: headers, raw and SSE bodies), `routes` (the router and handlers), `shutdown` (the accept
-//! loop and stopping), `errors` (every OpenAI error shape), `metrics`.
+//! loop and stopping), `errors` (every OpenAI error shape), `metrics`, `names` (OpenAI's model ids
+//! and voice names), `wyoming` (Home Assistant's protocol on its own port).
 
 mod admission;
 mod config;
@@ -23,6 +24,7 @@ mod runner;
 mod schema;
 mod shutdown;
 mod stream;
+pub mod wyoming;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};

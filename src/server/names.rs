@@ -6,8 +6,33 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::config::ConfigError;
 use crate::voice::VoiceStore;
+
+/// Why an alias or the aliases file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AliasError {
+    #[error(
+        "voice alias {spec:?}: expected ALIAS=VOICE, both voice names (letters, digits, - and _)"
+    )]
+    Syntax { spec: String },
+    #[error("voice aliases file {}: {msg}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        msg: String,
+    },
+    #[error(
+        "voice alias {alias:?} names the voice {voice:?}, which is not installed (installed: {known})"
+    )]
+    Target {
+        alias: String,
+        voice: String,
+        known: String,
+    },
+    #[error(
+        "voice alias {alias:?} would hide the installed voice of that name; choose another alias"
+    )]
+    HidesVoice { alias: String },
+}
 
 /// OpenAI's speech model ids; every one is served by the one loaded model.
 pub const OPENAI_MODELS: [&str; 3] = ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"];
@@ -41,7 +66,7 @@ impl VoiceAliases {
     pub fn new(
         store: &VoiceStore,
         explicit: &BTreeMap<String, String>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, AliasError> {
         let mut map: BTreeMap<String, String> = DEFAULT_ALIASES
             .iter()
             .filter(|(alias, voice)| store.get(voice).is_ok() && store.get(alias).is_err())
@@ -49,12 +74,12 @@ impl VoiceAliases {
             .collect();
         for (alias, voice) in explicit {
             if store.get(alias).is_ok() {
-                return Err(ConfigError::AliasHidesVoice {
+                return Err(AliasError::HidesVoice {
                     alias: alias.clone(),
                 });
             }
             if store.get(voice).is_err() {
-                return Err(ConfigError::AliasTarget {
+                return Err(AliasError::Target {
                     alias: alias.clone(),
                     voice: voice.clone(),
                     known: store.names().join(", "),
@@ -85,8 +110,8 @@ impl VoiceAliases {
 }
 
 /// `ALIAS=VOICE`.
-pub fn parse_alias(s: &str) -> Result<(String, String), ConfigError> {
-    let bad = || ConfigError::AliasSyntax { spec: s.to_owned() };
+pub fn parse_alias(s: &str) -> Result<(String, String), AliasError> {
+    let bad = || AliasError::Syntax { spec: s.to_owned() };
     let (alias, voice) = s.split_once('=').ok_or_else(bad)?;
     let (alias, voice) = (alias.trim(), voice.trim());
     let ok = |n: &str| crate::voice::validate_name(n).is_ok();
@@ -97,8 +122,8 @@ pub fn parse_alias(s: &str) -> Result<(String, String), ConfigError> {
 }
 
 /// A JSON object of aliases: `{"alloy": "dave", ...}`.
-pub fn read_alias_file(path: &Path) -> Result<BTreeMap<String, String>, ConfigError> {
-    let bad = |msg: String| ConfigError::AliasFile {
+pub fn read_alias_file(path: &Path) -> Result<BTreeMap<String, String>, AliasError> {
+    let bad = |msg: String| AliasError::File {
         path: path.to_path_buf(),
         msg,
     };
@@ -180,13 +205,13 @@ mod tests {
     fn aliases_to_missing_voices_or_over_installed_ones_are_refused() {
         let store = shipped();
         let e = VoiceAliases::new(&store, &explicit(&[("alloy", "nobody")])).unwrap_err();
-        assert!(matches!(e, ConfigError::AliasTarget { .. }), "{e}");
+        assert!(matches!(e, AliasError::Target { .. }), "{e}");
         assert!(
             e.to_string().contains("dave"),
             "lists the installed voices: {e}"
         );
         let e = VoiceAliases::new(&store, &explicit(&[("dave", "jo")])).unwrap_err();
-        assert!(matches!(e, ConfigError::AliasHidesVoice { .. }), "{e}");
+        assert!(matches!(e, AliasError::HidesVoice { .. }), "{e}");
     }
 
     #[test]

@@ -23,13 +23,44 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 /// Refuses a non-loopback address without an API key (see [`ServerConfig::check_exposure`];
 /// `ServeArgs::config` already applied `--insecure-no-auth`).
 pub async fn serve(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Result<(), ServeError> {
-    if !cfg.addr.ip().is_loopback() && cfg.api_keys.is_empty() && !cfg.insecure_no_auth {
-        return Err(ConfigError::Unprotected { addr: cfg.addr }.into());
-    }
+    cfg.check_exposure()?;
     // An alias that names no installed voice (or hides one) stops the start, before the bind.
-    super::names::VoiceAliases::new(synth.voices(), &cfg.voice_aliases)?;
-    let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
-    Ok(serve_on(listener, synth, cfg, shutdown_signal()).await?)
+    let aliases = super::names::VoiceAliases::new(synth.voices(), &cfg.voice_aliases)
+        .map_err(ConfigError::from)?;
+    let (stop, stopping) = watch::channel(false);
+    let signal = shutdown_signal();
+    tokio::spawn(async move {
+        signal.await;
+        let _ = stop.send(true);
+    });
+    let wyoming = match cfg.wyoming {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            Some(tokio::spawn(super::wyoming::serve(
+                listener,
+                synth.clone(),
+                aliases,
+                cfg.max_input_chars,
+                stopping.clone(),
+            )))
+        }
+        None => None,
+    };
+    let mut s = stopping.clone();
+    let stopped = async move {
+        let _ = s.wait_for(|stop| *stop).await;
+    };
+    if cfg.http {
+        let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
+        serve_on(listener, synth, cfg, stopped).await?;
+    } else {
+        stopped.await;
+        drop(synth);
+    }
+    if let Some(w) = wyoming {
+        let _ = w.await;
+    }
+    Ok(())
 }
 
 /// Why [`serve`] stopped with an error.
