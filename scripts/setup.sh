@@ -6,7 +6,8 @@
 #                         gguf (tools/onnx_to_gguf.py, the llama.cpp peer's model, and its test),
 #                         openai (the official SDK, for tests/python/openai_client.py against the server),
 #                         tokenizers (the HF tokenizers check of the generated tokenizer.json),
-#                         wyoming (Home Assistant's protocol library, for tests/python/wyoming_client.py)
+#                         wyoming (Home Assistant's protocol library, for tests/python/wyoming_client.py),
+#                         websocket-client (drives Chromium for tests/python/web_page.py)
 #   .onebit/onnxruntime   the ONNX Runtime shared library from the onnxruntime wheel
 #   .onebit/neutts        espeak-ng 1.52 library + data and the sample voices from the neutts wheel
 #   .onebit/node          the official OpenAI Node SDK (npm `openai`, for tests/node/openai_client.js)
@@ -24,6 +25,7 @@ py="${PYTHON:-python3}"
 #   cmake            opusic-sys (under the opus crate) builds the bundled libopus with cmake
 #   python3-venv     `python3 -m venv` with pip (ensurepip) for .onebit/venv
 #   nodejs, npm      the OpenAI Node SDK's test against the server
+#   chromium-headless-shell  the web page's test in a real browser
 command -v "$py" >/dev/null || { echo "setup: $py (Python 3) is required" >&2; exit 1; }
 missing=()
 { command -v cc >/dev/null && command -v make >/dev/null; } || missing+=(build-essential)
@@ -31,13 +33,14 @@ command -v cmake >/dev/null || missing+=(cmake)
 "$py" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
+command -v chromium-headless-shell >/dev/null || missing+=(chromium-headless-shell)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && [ "${ONEBIT_SETUP_INSTALL:-1}" != 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing the build's system packages: ${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   else
-    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test)" >&2
+    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test, chromium-headless-shell the web page test)" >&2
     if command -v apt-get >/dev/null; then
       echo "setup: installing them needs root; run:  sudo apt-get install -y ${missing[*]}  and then this script again" >&2
     else
@@ -46,7 +49,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
 fi
-echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm)"
+echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm, chromium-headless-shell)"
 [ "${1:-}" = --prereqs-only ] && exit 0
 mkdir -p "$home"
 
@@ -58,13 +61,14 @@ OPENAI_VERSION=3.57.0
 OPENAI_NODE_VERSION=6.30.1
 GGUF_VERSION=0.19.0
 WYOMING_VERSION=1.10.2
+WEBSOCKET_CLIENT_VERSION=1.9.2
 TOKENIZERS_VERSION=0.23.3
 
 if [ ! -x "$home/venv/bin/python" ]; then
   "$py" -m venv "$home/venv"
 fi
 stamp="$home/venv/.onebit-reqs"
-reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION wyoming==$WYOMING_VERSION ${ONEBIT_EXTRA_PIP:-}"
+reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION wyoming==$WYOMING_VERSION websocket-client==$WEBSOCKET_CLIENT_VERSION ${ONEBIT_EXTRA_PIP:-}"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
   echo "$reqs" > "$stamp"

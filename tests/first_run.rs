@@ -88,6 +88,9 @@ fn prereqs(copy: &Path, bin: &Path, tools: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// The web page's browser test needs it; it is both the command and the Debian package.
+const CHROMIUM: &str = "chromium-headless-shell";
+
 #[test]
 fn setup_names_missing_prerequisites_and_the_command_that_installs_them() {
     let tmp = common::tempdir("first-run-prereqs");
@@ -100,7 +103,7 @@ fn setup_names_missing_prerequisites_and_the_command_that_installs_them() {
     let o = prereqs(
         &copy,
         &tmp.join("all"),
-        &with(&["cc", "make", "cmake", "node", "npm"]),
+        &with(&["cc", "make", "cmake", "node", "npm", CHROMIUM]),
     );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
@@ -115,10 +118,14 @@ fn setup_names_missing_prerequisites_and_the_command_that_installs_them() {
 
     let apt = Path::new("/usr/bin/apt-get").exists();
     for (extra, missing) in [
-        (&["cc", "make", "node", "npm"][..], "cmake"),
-        (&["cmake", "node", "npm"][..], "build-essential"),
-        (&["cc", "make", "cmake"][..], "nodejs npm"),
-        (&[][..], "build-essential cmake nodejs npm"),
+        (&["cc", "make", "node", "npm", CHROMIUM][..], "cmake"),
+        (&["cmake", "node", "npm", CHROMIUM][..], "build-essential"),
+        (&["cc", "make", "cmake", CHROMIUM][..], "nodejs npm"),
+        (&["cc", "make", "cmake", "node", "npm"][..], CHROMIUM),
+        (
+            &[][..],
+            "build-essential cmake nodejs npm chromium-headless-shell",
+        ),
     ] {
         let o = prereqs(&copy, &tmp.join(missing.replace(' ', "-")), &with(extra));
         assert!(!o.status.success());

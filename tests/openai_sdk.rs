@@ -5,7 +5,8 @@
 //! check of tests/node/openai_client.js; and clients that never read must not grow its memory beyond
 //! the documented bound (VmRSS of the child). The same binary serves Home Assistant's Wyoming
 //! protocol (`--wyoming-uri`, beside HTTP or alone): the `wyoming` package as the client must pass
-//! every check of tests/python/wyoming_client.py.
+//! every check of tests/python/wyoming_client.py. The web page at `/` is driven in the system's headless
+//! Chromium by tests/python/web_page.py.
 
 mod common;
 
@@ -425,4 +426,39 @@ fn the_wyoming_client_speaks_with_the_server_beside_http_and_alone() {
         .unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", log(&alone_log)));
     server.0 = None;
     assert!(status.success(), "{status}:\n{}", log(&alone_log));
+}
+
+/// The system's headless Chromium (scripts/setup.sh installs it).
+fn chromium() -> PathBuf {
+    let path = PathBuf::from("/usr/bin/chromium-headless-shell");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/setup.sh (it installs chromium-headless-shell)",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn the_web_page_speaks_in_a_real_browser() {
+    let dir = common::tempdir("web-page");
+    let server_log = dir.join("server.log");
+    let (_server, addr) = start_server("tiny", &[], &server_log);
+    let out = Command::new(python())
+        .arg(common::repo().join("tests/python/web_page.py"))
+        .args(["--url", &format!("http://{addr}/")])
+        .args(["--key", KEY])
+        .arg("--chromium")
+        .arg(chromium())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "web_page.py failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log(&server_log)
+    );
+    assert_eq!(stdout.lines().last().unwrap_or(""), "6 passed, 0 failed");
 }

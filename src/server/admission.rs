@@ -99,14 +99,15 @@ pub(super) async fn check_host(
 }
 
 /// With keys set, `Authorization: Bearer KEY` on every route but /health (which a balancer
-/// polls without credentials). CORS preflights are answered before this by the CORS layer:
+/// polls without credentials) and the web page at `/` (a browser cannot send a header with a page
+/// load; the page holds no data and asks for the key before it calls the API). CORS preflights are answered before this by the CORS layer:
 /// browsers send no credentials with them.
 pub(super) async fn check_key(
     State(st): State<Arc<AppState>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if !st.cfg.api_keys.is_empty() && request.uri().path() != "/health" {
+    if !st.cfg.api_keys.is_empty() && !matches!(request.uri().path(), "/health" | "/") {
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)

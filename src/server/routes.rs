@@ -52,6 +52,7 @@ pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<
         cfg,
     });
     let mut router = Router::new()
+        .route("/", get(page))
         .route("/v1/audio/speech", post(speech))
         .route("/v1/audio/voices", get(voices))
         .route("/v1/models", get(models))
@@ -70,6 +71,18 @@ pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<
         .layer(middleware::from_fn_with_state(state.clone(), check_host))
         .with_state(state.clone());
     (router, state)
+}
+
+/// The page to try the server in a browser: one self-contained file in the binary, no CDN.
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        include_str!("web/index.html"),
+    )
+        .into_response()
 }
 
 async fn not_found() -> ApiError {

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""The server's web page (`GET /`) in a real headless browser: Chromium from the system packages
+(`chromium-headless-shell`), driven through the DevTools protocol over a websocket
+(`websocket-client`).
+
+    python tests/python/web_page.py --url http://127.0.0.1:PORT/ --key KEY --chromium PATH
+
+tests/openai_sdk.rs starts the server (with an API key) and runs this. The page loads without the
+key, lists no voices until the key is entered, then lists them; "Speak" streams 16-bit PCM into
+Web Audio as it arrives (first audio and codes/s shown), the player element gets the take as WAV
+and plays it (its clock advances), the audio is not silent, and the download, asked as FLAC, is a
+valid FLAC file; a wrong key shows the server's error. Prints one line per check, then
+"N passed, M failed"; exits non-zero on any failure.
+"""
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+
+import websocket
+
+TIMEOUT = 120
+
+
+class Browser:
+    def __init__(self, chromium, url):
+        self.profile = tempfile.mkdtemp(prefix="onebit-chromium-")
+        self.proc = subprocess.Popen(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
+             f"--user-data-dir={self.profile}", "--autoplay-policy=no-user-gesture-required",
+             "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Chromium says where its DevTools endpoint is on stderr.
+        deadline = time.time() + 60
+        endpoint = None
+        while time.time() < deadline and endpoint is None:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise RuntimeError("chromium exited before listening")
+            if "DevTools listening on " in line:
+                endpoint = line.split("DevTools listening on ", 1)[1].strip()
+        if endpoint is None:
+            raise RuntimeError("chromium did not start its DevTools endpoint")
+        port = endpoint.split("//", 1)[1].split("/", 1)[0]
+        req = urllib.request.Request(f"http://{port}/json/new?{url}", method="PUT")
+        target = json.load(urllib.request.urlopen(req, timeout=30))
+        self.ws = websocket.create_connection(target["webSocketDebuggerUrl"], timeout=TIMEOUT)
+        self.next_id = 0
+
+    def call(self, method, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg["result"]
+
+    def js(self, expr):
+        """Evaluates `expr` (awaiting a promise) and returns its JSON value."""
+        r = self.call("Runtime.evaluate", expression=expr, awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{expr}: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def wait(self, expr, what, limit=TIMEOUT):
+        deadline = time.time() + limit
+        while time.time() < deadline:
+            value = self.js(expr)
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def close(self):
+        try:
+            self.ws.close()
+        finally:
+            self.proc.kill()
+            self.proc.wait()
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--key", required=True)
+    ap.add_argument("--chromium", required=True)
+    args = ap.parse_args()
+    results = []
+
+    def check(name, fn):
+        try:
+            detail = fn()
+            results.append(True)
+            print(f"PASS {name}" + (f" ({detail})" if detail else ""), flush=True)
+        except Exception:  # noqa: BLE001 - every failure is reported, then counted
+            results.append(False)
+            print(f"FAIL {name}", flush=True)
+            traceback.print_exc()
+
+    b = Browser(args.chromium, args.url)
+    try:
+        def loads():
+            b.wait("document.readyState === 'complete'", "the page")
+            title = b.js("document.title")
+            assert title == "onebit-tts", title
+            # Without the key the voices request is refused and the page says why.
+            err = b.wait("document.getElementById('error').textContent", "the key error", 30)
+            assert "invalid_api_key" in err, err
+            return err
+
+        def voices():
+            b.js(f"document.getElementById('key').value = {json.dumps(args.key)}; loadVoices()")
+            names = b.wait("window.onebitVoices", "the voice list", 30)
+            assert "test" in names and "jo" in names, names
+            b.js("document.getElementById('voice').value = 'test'")
+            return ", ".join(names)
+
+        def speaks():
+            b.js("document.getElementById('format').value = 'flac'; "
+                 "document.getElementById('speak').click()")
+            state = b.wait("window.onebitLast && window.onebitLast.done && window.onebitLast",
+                           "the synthesis")
+            assert state["error"] is None, state["error"]
+            assert state["samples"] > 0 and state["samples"] % 480 == 0, state
+            assert state["rms"] > 0.001, f"silent: {state}"
+            assert state["firstAudioMs"] is not None and state["firstAudioMs"] > 0, state
+            shown = b.js("document.getElementById('ttfa').textContent")
+            assert shown.endswith(" ms"), shown
+            return (f"{state['samples']} samples, rms {state['rms']:.3f}, first audio "
+                    f"{state['firstAudioMs']:.0f} ms, {state['codesPerSecond'] or 0:.1f} codes/s")
+
+        def plays():
+            b.js("document.getElementById('player').play()")
+            t = b.wait("(() => { const p = document.getElementById('player');"
+                       " return p.currentTime > 0.2 && !p.paused && p.currentTime; })()",
+                       "the player's clock", 30)
+            duration = b.js("document.getElementById('player').duration")
+            assert duration > 0.5, duration
+            return f"played {t:.2f} s of {duration:.2f} s"
+
+        def download():
+            link = b.js("(() => { const a = document.getElementById('download');"
+                        " return !a.hidden && a.download; })()")
+            assert link == "onebit-tts.flac", link
+            data = b.js("(async () => { const b = new Uint8Array(await window.onebitDownload"
+                        ".arrayBuffer()); let s = ''; for (const x of b) s += String.fromCharCode(x);"
+                        " return btoa(s); })()")
+            raw = base64.b64decode(data)
+            assert raw[:4] == b"fLaC" and len(raw) > 1000, raw[:16]
+            return f"{len(raw)} bytes of FLAC"
+
+        def wrong_key():
+            b.js("document.getElementById('key').value = 'wrong'; "
+                 "document.getElementById('speak').click()")
+            state = b.wait("window.onebitLast && window.onebitLast.done && window.onebitLast",
+                           "the refusal", 30)
+            assert state["error"] and "invalid_api_key" in state["error"], state
+            return state["error"].split(":")[0]
+
+        check("the page loads without the key and asks for it", loads)
+        check("the key lists the voices", voices)
+        check("Speak streams non-silent audio and shows first audio and codes/s", speaks)
+        check("the player plays the take", plays)
+        check("the download is a valid file of the chosen format", download)
+        check("a wrong key shows the server's error", wrong_key)
+    finally:
+        b.close()
+    passed = sum(results)
+    failed = len(results) - passed
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
