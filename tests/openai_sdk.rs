@@ -443,7 +443,12 @@ fn chromium() -> PathBuf {
 fn the_web_page_speaks_in_a_real_browser() {
     let dir = common::tempdir("web-page");
     let server_log = dir.join("server.log");
-    let (_server, addr) = start_server("tiny", &[], &server_log);
+    let store = dir.join("store");
+    let (_server, addr) = start_server(
+        "tiny",
+        &["--voice-store", store.to_str().unwrap()],
+        &server_log,
+    );
     let out = Command::new(python())
         .arg(common::repo().join("tests/python/web_page.py"))
         .args(["--url", &format!("http://{addr}/")])
@@ -460,5 +465,80 @@ fn the_web_page_speaks_in_a_real_browser() {
         String::from_utf8_lossy(&out.stderr),
         log(&server_log)
     );
-    assert_eq!(stdout.lines().last().unwrap_or(""), "6 passed, 0 failed");
+    assert_eq!(stdout.lines().last().unwrap_or(""), "7 passed, 0 failed");
+}
+
+/// Runs one phase of tests/python/custom_voices.py; panics with both logs on a failure.
+fn custom_voices(addr: SocketAddr, phase: &str, state: &Path, server_log: &Path, checks: usize) {
+    let out = Command::new(python())
+        .arg(common::repo().join("tests/python/custom_voices.py"))
+        .args(["--base-url", &format!("http://{addr}/v1")])
+        .arg("--state")
+        .arg(state)
+        .args(["--phase", phase])
+        .env("OPENAI_API_KEY", KEY)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "custom_voices.py --phase {phase} failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log(server_log)
+    );
+    assert_eq!(
+        stdout.lines().last().unwrap_or(""),
+        format!("{checks} passed, 0 failed")
+    );
+}
+
+#[test]
+fn a_voice_cloned_with_the_python_sdk_speaks_at_once_and_after_a_restart() {
+    let dir = common::tempdir("custom-voices");
+    let store = dir.join("store");
+    let state = dir.join("state.json");
+    let flags = [
+        "--voice-store",
+        store.to_str().unwrap(),
+        "--max-upload-mb",
+        "1",
+    ];
+    let first_log = dir.join("first.log");
+    let (server, addr) = start_server("tiny", &flags, &first_log);
+    custom_voices(addr, "create", &state, &first_log, 14);
+    drop(server);
+    // Kept atomically where the server was told: one voice file, one consent and its recording,
+    // no temporary files.
+    let mut files: Vec<String> = walk(&store);
+    files.sort();
+    assert_eq!(files.len(), 3, "{files:?}");
+    assert!(files.contains(&"ana.json".to_owned()), "{files:?}");
+    assert!(
+        files
+            .iter()
+            .filter(|f| f.starts_with("consents/cons_"))
+            .count()
+            == 2,
+        "{files:?}"
+    );
+
+    let second_log = dir.join("second.log");
+    let (_server, addr) = start_server("tiny", &flags, &second_log);
+    custom_voices(addr, "restarted", &state, &second_log, 2);
+}
+
+/// Files under `dir`, relative, with `/` between parts.
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            out.extend(walk(&p).into_iter().map(|f| format!("{name}/{f}")));
+        } else {
+            out.push(name);
+        }
+    }
+    out
 }

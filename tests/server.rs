@@ -2211,3 +2211,178 @@ async fn a_stream_nobody_reads_frees_the_engine_at_the_request_timeout() {
     drop(conn);
     s.stop().await;
 }
+
+// ---- Custom voices without what they need ----
+
+/// A multipart/form-data body: text fields, then one file.
+fn form(fields: &[(&str, &str)], file: Option<(&str, &[u8])>) -> (String, Vec<u8>) {
+    let boundary = "onebit-test-boundary-5e8f";
+    let mut body = Vec::new();
+    for (name, value) in fields {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
+            )
+            .as_bytes(),
+        );
+    }
+    if let Some((name, bytes)) = file {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; \
+                 filename=\"{name}.wav\"\r\nContent-Type: audio/wav\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+/// One second of a 16 kHz tone as WAV bytes.
+fn tone_wav() -> Vec<u8> {
+    let mut out = Cursor::new(Vec::new());
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::new(&mut out, spec).unwrap();
+    for i in 0..16_000 {
+        let x = (f64::from(i) * 2.0 * std::f64::consts::PI * 220.0 / 16_000.0).sin();
+        w.write_sample((x * 10_000.0) as i16).unwrap();
+    }
+    w.finalize().unwrap();
+    out.into_inner()
+}
+
+async fn post_form(c: &Client, s: &Server, path: &str, f: &(String, Vec<u8>)) -> Response {
+    c.post(s.url(path))
+        .header("content-type", &f.0)
+        .body(f.1.clone())
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloning_without_a_store_or_an_encoder_says_what_to_configure() {
+    let c = client();
+    let wav = tone_wav();
+    let voice_form = form(
+        &[("name", "x"), ("consent", "cons_00"), ("transcript", "Hi.")],
+        Some(("audio_sample", &wav)),
+    );
+    let consent_form = form(
+        &[("name", "Ana"), ("language", "en-US")],
+        Some(("recording", &wav)),
+    );
+
+    // No store: neither consents nor voices, and the voice list says why.
+    let s = Server::start(tiny(), config()).await;
+    let r = post_form(&c, &s, "/v1/audio/voices", &voice_form).await;
+    let m = api_error(r, 501, None, Some("voice_store_not_configured")).await;
+    assert!(m.contains("--voice-store"), "{m}");
+    let r = post_form(&c, &s, "/v1/audio/voice_consents", &consent_form).await;
+    api_error(r, 501, None, Some("voice_store_not_configured")).await;
+    let v: Value = c
+        .get(s.url("/v1/audio/voices"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["cloning"]["available"], false, "{v}");
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"], json!([]));
+
+    // A store but no encoder: consents work, voices answer 501 naming the flag.
+    let store = common::tempdir("server-cloning");
+    let cfg = ServerConfig {
+        voice_store: Some(store.clone()),
+        ..config()
+    };
+    let s = Server::start(tiny(), cfg).await;
+    let r = post_form(&c, &s, "/v1/audio/voices", &voice_form).await;
+    let m = api_error(r, 501, None, Some("encoder_not_configured")).await;
+    assert!(m.contains("--encoder"), "{m}");
+    let r = post_form(&c, &s, "/v1/audio/voice_consents", &consent_form).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let consent: Value = r.json().await.unwrap();
+    assert_eq!(consent["object"], "audio.voice_consent");
+    assert_eq!(consent["language"], "en-US");
+    let id = consent["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("cons_"), "{id}");
+
+    // Not multipart: 415. Another site's page: 403. Not audio: 400. No language: 400.
+    let r = c
+        .post(s.url("/v1/audio/voice_consents"))
+        .json(&json!({"name": "Ana", "language": "en-US"}))
+        .send()
+        .await
+        .unwrap();
+    api_error(r, 415, None, Some("unsupported_media_type")).await;
+    let r = c
+        .post(s.url("/v1/audio/voice_consents"))
+        .header("content-type", &consent_form.0)
+        .header("origin", "http://elsewhere.example")
+        .body(consent_form.1.clone())
+        .send()
+        .await
+        .unwrap();
+    api_error(r, 403, None, Some("cross_origin_upload")).await;
+    let junk = form(
+        &[("name", "Ana"), ("language", "en-US")],
+        Some(("recording", b"not audio".repeat(50).as_slice())),
+    );
+    let r = post_form(&c, &s, "/v1/audio/voice_consents", &junk).await;
+    api_error(r, 400, Some("recording"), Some("invalid_audio")).await;
+    let nolang = form(&[("name", "Ana")], Some(("recording", &wav)));
+    let r = post_form(&c, &s, "/v1/audio/voice_consents", &nolang).await;
+    api_error(r, 400, Some("language"), Some("missing_required_parameter")).await;
+    let klingon = form(
+        &[("name", "Ana"), ("language", "tlh")],
+        Some(("recording", &wav)),
+    );
+    let r = post_form(&c, &s, "/v1/audio/voice_consents", &klingon).await;
+    api_error(r, 400, Some("language"), Some("invalid_value")).await;
+
+    // Listed, then deleted, then gone.
+    let list: Value = c
+        .get(s.url("/v1/audio/voice_consents"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["data"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(
+        (&list["first_id"], &list["has_more"]),
+        (&json!(id), &json!(false))
+    );
+    let r = c
+        .delete(s.url(&format!("/v1/audio/voice_consents/{id}")))
+        .send()
+        .await
+        .unwrap();
+    let d: Value = r.json().await.unwrap();
+    assert_eq!(
+        d,
+        json!({"id": id, "object": "audio.voice_consent", "deleted": true})
+    );
+    let r = c
+        .get(s.url(&format!("/v1/audio/voice_consents/{id}")))
+        .send()
+        .await
+        .unwrap();
+    api_error(r, 404, None, Some("consent_not_found")).await;
+    assert_eq!(
+        std::fs::read_dir(store.join("consents")).unwrap().count(),
+        0
+    );
+}

@@ -828,6 +828,7 @@ fn save_refuses_overwrite_and_remove_deletes() {
         codes: vec![1, 2, 3],
         source: "s".into(),
         license: "l".into(),
+        custom: None,
     };
     let path = VoiceStore::save(&dir, &v, false).unwrap();
     assert_eq!(path, dir.join("keep.json"));
@@ -896,6 +897,7 @@ fn budget_refuses_references_that_fill_the_context() {
         codes: vec![7; 900],
         source: String::new(),
         license: String::new(),
+        custom: None,
     };
     // One token per code, plus the transcript's tokens and the prompt frame.
     let front = tiny_front();

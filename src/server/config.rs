@@ -48,6 +48,15 @@ pub struct ServerConfig {
     pub wyoming: Option<SocketAddr>,
     /// Serve HTTP at `addr` (`--no-http` turns it off, for a Wyoming-only server).
     pub http: bool,
+    /// The NeuCodec encoder ONNX that clones voices from uploaded audio (`--encoder`, else the
+    /// codec package's); none: the cloning routes answer 501 saying what to configure.
+    pub encoder: Option<PathBuf>,
+    /// Where voices created over HTTP are kept (consents in its `consents/`); it must be one of
+    /// the synthesizer's voice directories so they load again after a restart. None: cloning
+    /// answers 501.
+    pub voice_store: Option<PathBuf>,
+    /// Largest uploaded audio file (a voice sample, a consent recording).
+    pub max_upload_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -69,6 +78,9 @@ impl Default for ServerConfig {
             write_timeout: Duration::from_secs(30),
             max_connections: 512,
             max_response_bytes: 64 << 20,
+            encoder: None,
+            voice_store: None,
+            max_upload_bytes: 10 << 20,
             insecure_no_auth: false,
             voice_aliases: Default::default(),
             wyoming: None,
@@ -198,6 +210,17 @@ pub struct ServeArgs {
     /// Serve no HTTP (with --wyoming-uri: a Wyoming-only server).
     #[arg(long)]
     pub no_http: bool,
+    /// NeuCodec encoder ONNX for cloning voices over HTTP (default: the codec package's
+    /// `encoder`, if it names one).
+    #[arg(long, env = "ONEBIT_CODEC_ENCODER")]
+    pub encoder: Option<PathBuf>,
+    /// Directory for voices created over HTTP and their consent recordings (default: the
+    /// repository's voices/custom/).
+    #[arg(long, env = "ONEBIT_VOICE_STORE")]
+    pub voice_store: Option<PathBuf>,
+    /// Largest uploaded audio file in MiB (a voice sample, a consent recording; 413 above).
+    #[arg(long, env = "ONEBIT_MAX_UPLOAD_MB", default_value_t = 10)]
+    pub max_upload_mb: usize,
 }
 
 /// `tcp://HOST:PORT`, HOST an IP address or `localhost`.
@@ -244,6 +267,12 @@ impl ServeArgs {
                 min: 1,
             });
         }
+        if self.max_upload_mb == 0 {
+            return Err(ConfigError::TooSmall {
+                flag: "max-upload-mb",
+                min: 1,
+            });
+        }
         let mut voice_aliases = match &self.voice_aliases {
             Some(path) => super::names::read_alias_file(path)?,
             None => Default::default(),
@@ -281,6 +310,9 @@ impl ServeArgs {
             voice_aliases,
             wyoming,
             http: !self.no_http,
+            encoder: self.encoder.clone(),
+            voice_store: self.voice_store.clone(),
+            max_upload_bytes: self.max_upload_mb.saturating_mul(1 << 20),
         };
         cfg.check_exposure()?;
         Ok(cfg)

@@ -113,6 +113,18 @@ impl ApiError {
         )
     }
 
+    /// 415 for a body that is not of the type a route takes.
+    pub fn unsupported_media_type_of(got: &str, expected: &str) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "the body must be {expected}, got {:?}",
+                if got.is_empty() { "(none)" } else { got }
+            ),
+        )
+    }
+
     pub fn response_too_large(limit: usize, seconds: f64, rate: u32) -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,
@@ -227,6 +239,60 @@ impl ApiError {
                 timeout.as_secs_f64()
             ),
         )
+    }
+
+    /// 400 for a required form field that is absent (OpenAI's `missing_required_parameter`).
+    pub fn missing_field(param: &'static str, why: &str) -> Self {
+        Self::field(
+            param,
+            "missing_required_parameter",
+            format!("{param} is required{why}"),
+        )
+    }
+
+    /// 400 naming a field, with a code of its own.
+    pub fn bad_field(param: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        Self::field(param, code, message)
+    }
+
+    /// 413 for an uploaded file over its limit (`got`: its size, when the form was read whole).
+    pub fn file_too_large(param: &'static str, got: Option<usize>, limit: usize) -> Self {
+        let size = got.map_or_else(|| "larger".to_owned(), |g| format!("{g} bytes"));
+        Self {
+            param: Some(param),
+            ..Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "file_too_large",
+                format!(
+                    "{param} is {size}; the limit is {limit} bytes ({:.0} MiB, max_upload_mb)",
+                    limit as f64 / f64::from(1 << 20)
+                ),
+            )
+        }
+    }
+
+    /// 404 for an object id that does not exist (a consent, a custom voice).
+    pub fn no_object(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, code, message)
+    }
+
+    /// 409: the name is taken.
+    pub fn name_taken(message: impl Into<String>) -> Self {
+        Self {
+            param: Some("name"),
+            ..Self::new(StatusCode::CONFLICT, "voice_exists", message)
+        }
+    }
+
+    /// 403 for what this server never does for a client (deleting a shipped voice, an upload from
+    /// another site's page).
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, code, message)
+    }
+
+    /// 501: the operator has not configured what this route needs; the message says what to.
+    pub fn not_configured(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_IMPLEMENTED, code, message)
     }
 
     pub fn internal(message: impl Into<String>) -> Self {

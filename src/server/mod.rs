@@ -11,7 +11,8 @@
 //! `admission` (Host, keys, CORS and places in the queue), `runner` (a request on the engine), `stream` (response
 //! framing: headers, raw and SSE bodies), `routes` (the router and handlers), `shutdown` (the accept
 //! loop and stopping), `errors` (every OpenAI error shape), `metrics`, `names` (OpenAI's model ids
-//! and voice names), `wyoming` (Home Assistant's protocol on its own port).
+//! and voice names), `voices` (OpenAI's custom-voice API: consents and cloning), `wyoming` (Home
+//! Assistant's protocol on its own port).
 
 mod admission;
 mod config;
@@ -24,6 +25,7 @@ mod runner;
 mod schema;
 mod shutdown;
 mod stream;
+mod voices;
 pub mod wyoming;
 
 use std::collections::HashMap;
@@ -58,6 +60,8 @@ pub(super) struct AppState {
     pub(super) shutting_down: AtomicBool,
     /// OpenAI's voice names and the operator's aliases, resolved against the installed voices.
     pub(super) aliases: names::VoiceAliases,
+    /// The voice store and encoder behind the custom-voice routes.
+    pub(super) cloning: voices::Cloning,
 }
 
 impl AppState {

@@ -23,6 +23,7 @@ use super::names::VoiceAliases;
 use super::runner::{CHUNKS_IN_FLIGHT, Chunk, run_job};
 use super::schema::{StreamFormat, check_content_type, parse_body, read_body};
 use super::stream::{add_report_headers, response_stream};
+use super::voices::{self, Cloning};
 use super::{AppState, ServerConfig};
 use crate::engine::CancelToken;
 use crate::synth::Synthesizer;
@@ -33,13 +34,24 @@ pub fn router(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Router {
 }
 
 pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<AppState>) {
+    let cloning = Cloning::open_or_explain(&cfg);
+    build_with(synth, cfg, cloning)
+}
+
+pub(super) fn build_with(
+    synth: Arc<Synthesizer>,
+    cfg: ServerConfig,
+    cloning: Cloning,
+) -> (Router, Arc<AppState>) {
     // `serve` refuses bad aliases before it binds; a router built directly keeps the defaults.
-    let aliases = VoiceAliases::new(synth.voices(), &cfg.voice_aliases).unwrap_or_else(|e| {
+    let installed = synth.voices();
+    let aliases = VoiceAliases::new(&installed, &cfg.voice_aliases).unwrap_or_else(|e| {
         tracing::error!("{e}; serving OpenAI's voice names with the default mapping only");
-        VoiceAliases::new(synth.voices(), &Default::default()).unwrap_or_default()
+        VoiceAliases::new(&installed, &Default::default()).unwrap_or_default()
     });
     let state = Arc::new(AppState {
         aliases,
+        cloning,
         engine: synth.engine_description(),
         places: synth.max_batch(),
         gate: Arc::new(Semaphore::new(synth.max_batch())),
@@ -54,7 +66,21 @@ pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<
     let mut router = Router::new()
         .route("/", get(page))
         .route("/v1/audio/speech", post(speech))
-        .route("/v1/audio/voices", get(voices))
+        .route("/v1/audio/voices", get(voices).post(voices::create_voice))
+        .route(
+            "/v1/audio/voices/{id}",
+            get(voices::get_voice).delete(voices::delete_voice),
+        )
+        .route(
+            "/v1/audio/voice_consents",
+            get(voices::list_consents).post(voices::create_consent),
+        )
+        .route(
+            "/v1/audio/voice_consents/{id}",
+            get(voices::get_consent)
+                .post(voices::update_consent)
+                .delete(voices::delete_consent),
+        )
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
@@ -94,21 +120,31 @@ async fn method_not_allowed() -> ApiError {
 }
 
 async fn voices(State(st): State<Arc<AppState>>) -> Response {
-    let voices: Vec<_> = st
-        .synth
-        .voices()
+    let store = st.synth.voices();
+    let voices: Vec<_> = store
         .iter()
         .map(|(v, _)| {
             serde_json::json!({"name": v.name, "language": v.language,
-                "reference_seconds": v.seconds(), "aliases": st.aliases.of(&v.name)})
+                "reference_seconds": v.seconds(), "aliases": st.aliases.of(&v.name),
+                "id": v.custom.as_ref().map(|c| &c.id)})
         })
+        .collect();
+    // OpenAI's list shape beside ours: the voices created here, as `audio.voice` objects.
+    let data: Vec<_> = store
+        .iter()
+        .filter(|(v, _)| v.custom.is_some())
+        .map(|(v, _)| voices::voice_object(v))
         .collect();
     let aliases: serde_json::Map<String, serde_json::Value> = st
         .aliases
         .iter()
         .map(|(a, v)| (a.to_owned(), v.into()))
         .collect();
-    axum::Json(serde_json::json!({ "voices": voices, "aliases": aliases })).into_response()
+    axum::Json(
+        serde_json::json!({ "voices": voices, "aliases": aliases, "object": "list",
+        "data": data, "cloning": st.cloning.status() }),
+    )
+    .into_response()
 }
 
 /// OpenAI's model object.

@@ -87,7 +87,11 @@ pub(super) async fn read_body(
         .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout)))
 }
 
-async fn read_limited(limit: usize, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+pub(super) async fn read_limited(
+    limit: usize,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

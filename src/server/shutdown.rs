@@ -11,7 +11,8 @@ use tokio::task::JoinSet;
 use super::ServerConfig;
 use super::config::ConfigError;
 use super::conn::{refuse_connection, serve_connection};
-use super::routes::build;
+use super::routes::build_with;
+use super::voices::Cloning;
 use crate::synth::Synthesizer;
 
 /// How long cancelled requests get to wind down after the shutdown grace before [`serve_on`]
@@ -25,8 +26,10 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 pub async fn serve(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Result<(), ServeError> {
     cfg.check_exposure()?;
     // An alias that names no installed voice (or hides one) stops the start, before the bind.
-    let aliases = super::names::VoiceAliases::new(synth.voices(), &cfg.voice_aliases)
+    let aliases = super::names::VoiceAliases::new(&synth.voices(), &cfg.voice_aliases)
         .map_err(ConfigError::from)?;
+    // A named encoder that does not load stops the start too: cloning would fail every upload.
+    let cloning = Cloning::open(&cfg).map_err(ServeError::Encoder)?;
     let (stop, stopping) = watch::channel(false);
     let signal = shutdown_signal();
     tokio::spawn(async move {
@@ -52,7 +55,7 @@ pub async fn serve(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Result<(), Ser
     };
     if cfg.http {
         let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
-        serve_on(listener, synth, cfg, stopped).await?;
+        serve_with(listener, synth, cfg, cloning, stopped).await?;
     } else {
         stopped.await;
         drop(synth);
@@ -70,6 +73,8 @@ pub enum ServeError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Encoder(String),
 }
 
 /// [`serve`] on a bound listener with any shutdown future (tests use loopback port 0).
@@ -82,13 +87,24 @@ pub enum ServeError {
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     synth: Arc<Synthesizer>,
+    cfg: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let cloning = Cloning::open_or_explain(&cfg);
+    serve_with(listener, synth, cfg, cloning, shutdown).await
+}
+
+async fn serve_with(
+    listener: tokio::net::TcpListener,
+    synth: Arc<Synthesizer>,
     mut cfg: ServerConfig,
+    cloning: Cloning,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let grace = cfg.shutdown_grace;
     // The Host check compares with the address actually bound (port 0 and all).
     cfg.addr = listener.local_addr()?;
-    let (app, state) = build(synth, cfg);
+    let (app, state) = build_with(synth, cfg, cloning);
     tracing::info!(addr = %state.cfg.addr, "listening");
     if !state.cfg.api_keys.is_empty() {
         tracing::info!(

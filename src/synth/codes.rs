@@ -98,7 +98,8 @@ impl SpeechCodes {
         req: &SpeechRequest,
         report: &SynthesisReport,
     ) -> Result<Self, SynthError> {
-        let voice = synth.voices().get(&req.voice)?;
+        let voices = synth.voices();
+        let voice = voices.get(&req.voice)?;
         let pkg = synth.package();
         let model = pkg.dir.file_name().map_or_else(
             || pkg.dir.display().to_string(),

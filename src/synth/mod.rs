@@ -12,6 +12,7 @@ pub mod load;
 pub mod plan;
 mod run;
 
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::audio::OutputSpec;
@@ -26,7 +27,7 @@ use crate::npu::Residency;
 use crate::package::ModelPackage;
 use crate::prompt::{InputFormat, PromptError};
 use crate::text::{Language, TextError};
-use crate::voice::{VoiceError, VoiceStore};
+use crate::voice::{Voice, VoiceError, VoiceStore};
 
 pub use audio::{AudioTally, PIECE_PAUSE_S};
 pub use codes::{CODES_FORMAT, CodesError, Decoding, PieceCodes, SpeechCodes};
@@ -262,8 +263,45 @@ impl Synthesizer {
         self.front.package()
     }
 
-    pub fn voices(&self) -> &VoiceStore {
+    /// The voices now (a snapshot: a voice added later is in the next call's).
+    pub fn voices(&self) -> std::sync::Arc<VoiceStore> {
         self.front.voices()
+    }
+
+    /// Saves a new voice in `dir` (atomically, never replacing a file) and makes it usable by
+    /// every request from now on. Refuses a name any installed voice has, wherever it lives.
+    pub fn install_voice(&self, voice: &Voice, dir: &Path) -> Result<PathBuf, VoiceError> {
+        if let Some(path) = self.voices().path_of(&voice.name) {
+            return Err(VoiceError::Exists(path.to_path_buf()));
+        }
+        let path = VoiceStore::save(dir, voice, false)?;
+        self.front
+            .update_voices(|s| s.insert(voice.clone(), path.clone()));
+        Ok(path)
+    }
+
+    /// Deletes a voice whose file is in `dir` and stops offering it; a voice read from another
+    /// directory (a shipped one) is refused.
+    pub fn uninstall_voice(&self, name: &str, dir: &Path) -> Result<Voice, VoiceError> {
+        let store = self.voices();
+        let voice = store.get(name)?.clone();
+        let path = store.path_of(&voice.name).unwrap_or(dir).to_path_buf();
+        let same = |a: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(dir)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => a == dir,
+        };
+        if !path.parent().is_some_and(same) {
+            return Err(VoiceError::NotRemovable {
+                name: voice.name,
+                path,
+                dir: dir.to_path_buf(),
+            });
+        }
+        VoiceStore::remove(dir, &voice.name)?;
+        self.front.update_voices(|s| {
+            s.forget(&voice.name);
+        });
+        Ok(voice)
     }
 
     pub fn candidates(&self) -> &Candidates {

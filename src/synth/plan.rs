@@ -1,7 +1,7 @@
 //! Planning: a request's text cut into pieces that fit the model's token budget, each with its
 //! prompt ids, and the most codes each piece may generate.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use crate::package::ModelPackage;
 use crate::prompt::{self, InputFormat, PromptInput};
@@ -15,7 +15,9 @@ use super::{DEFAULT_MAX_INPUT_CHARS, SpeechRequest, SynthConfig, SynthError};
 pub struct FrontEnd {
     pkg: ModelPackage,
     phonemizer: OnceLock<Result<Phonemizer, String>>,
-    voices: VoiceStore,
+    /// Swapped whole when a voice is added or removed while serving: a request plans with the
+    /// snapshot it took.
+    voices: RwLock<Arc<VoiceStore>>,
     max_input_chars: usize,
 }
 
@@ -24,7 +26,7 @@ impl FrontEnd {
         Self {
             pkg,
             phonemizer: OnceLock::new(),
-            voices,
+            voices: RwLock::new(Arc::new(voices)),
             max_input_chars: if max_input_chars == 0 {
                 DEFAULT_MAX_INPUT_CHARS
             } else {
@@ -44,8 +46,24 @@ impl FrontEnd {
         &self.pkg
     }
 
-    pub fn voices(&self) -> &VoiceStore {
-        &self.voices
+    /// The voices now.
+    pub fn voices(&self) -> Arc<VoiceStore> {
+        // A panic while swapping cannot leave a half-made store: the swap is one assignment.
+        self.voices
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Changes the voices for every request planned from now on.
+    pub fn update_voices(&self, change: impl FnOnce(&mut VoiceStore)) {
+        let mut guard = self
+            .voices
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut store = VoiceStore::clone(&guard);
+        change(&mut store);
+        *guard = Arc::new(store);
     }
 
     fn phonemizer(&self) -> Result<&Phonemizer, TextError> {
@@ -148,7 +166,7 @@ impl FrontEnd {
         req: &SpeechRequest,
         budget: usize,
         min_new: usize,
-    ) -> Result<(Vec<Piece>, &Voice), SynthError> {
+    ) -> Result<(Vec<Piece>, Voice), SynthError> {
         let chars = req.text.chars().count();
         if chars > self.max_input_chars {
             return Err(SynthError::InputTooLong {
@@ -159,7 +177,8 @@ impl FrontEnd {
         if req.text.trim().is_empty() {
             return Err(SynthError::EmptyInput);
         }
-        let voice = self.voices.get(&req.voice)?;
+        let owned = self.voices().get(&req.voice)?.clone();
+        let voice = &owned;
         let lang = match req.language {
             Some(l) => l,
             None => voice.language.parse()?,
@@ -198,7 +217,7 @@ impl FrontEnd {
         let prepared = self.prepare_text(&whole, format, lang)?;
         let one = piece(whole.clone(), prepared)?;
         if one.ids.len() + one.estimated_codes <= budget {
-            return Ok((vec![one], voice));
+            return Ok((vec![one], owned));
         }
 
         // Units small enough to fit alone, each with its prepared text.
@@ -303,7 +322,7 @@ impl FrontEnd {
         if let Some((ct, cp)) = cur {
             pieces.push(piece(ct, cp)?);
         }
-        Ok((pieces, voice))
+        Ok((pieces, owned))
     }
 }
 

@@ -29,6 +29,15 @@ impl Language {
             Language::Es => "es",
         }
     }
+
+    /// A BCP 47 tag (`en-US`, `de-DE`, `es-419`): the tag itself when it names a language here,
+    /// else its primary subtag, so a region the front end has no variant for gets the one it has.
+    pub fn from_bcp47(tag: &str) -> Result<Self, TextError> {
+        tag.parse().or_else(|e| {
+            let primary = tag.trim().split(['-', '_']).next().unwrap_or("");
+            primary.parse().map_err(|_| e)
+        })
+    }
 }
 
 impl fmt::Display for Language {
@@ -56,6 +65,23 @@ impl FromStr for Language {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bcp47_tags_fall_back_to_their_language() {
+        for (tag, l) in [
+            ("en-US", Language::EnUs),
+            ("en-GB", Language::EnUs),
+            ("de-DE", Language::De),
+            ("fr-CA", Language::FrFr),
+            ("es-419", Language::Es),
+        ] {
+            assert_eq!(Language::from_bcp47(tag).unwrap(), l, "{tag}");
+        }
+        assert!(matches!(
+            Language::from_bcp47("ja-JP"),
+            Err(TextError::UnsupportedLanguage(t)) if t == "ja-JP"
+        ));
+    }
 
     #[test]
     fn parse_and_display() {

@@ -122,6 +122,7 @@ pub fn clone_voice(
         codes,
         source: spec.source.clone(),
         license: spec.license.clone(),
+        custom: None,
     };
     Ok(Cloned { voice, warnings })
 }

@@ -297,6 +297,7 @@ fn import_file(path: &Path, opts: &ImportOptions) -> Result<Voice, VoiceError> {
             .or(found.source)
             .unwrap_or_else(|| format!("imported from {file_name}")),
         license: opts.license.clone().or(found.license).unwrap_or_default(),
+        custom: None,
     };
     voice.validate().map_err(|e| invalid(e.to_string()))?;
     Ok(voice)
@@ -702,6 +703,14 @@ pub fn voice_json(voice: &Voice) -> String {
         s(&voice.source),
         s(&voice.license)
     );
+    if let Some(c) = &voice.custom {
+        // Compact on one line: serde_json's own spelling of the struct.
+        let c = serde_json::to_string(c).unwrap_or_default();
+        out.insert_str(
+            out.len() - "\n  \"codes\": [".len(),
+            &format!("\n  \"custom\": {c},"),
+        );
+    }
     for (i, line) in voice.codes.chunks(16).enumerate() {
         let line: Vec<String> = line.iter().map(u32::to_string).collect();
         out.push_str(if i == 0 { "\n    " } else { ",\n    " });
@@ -915,6 +924,7 @@ mod tests {
             codes: vec![1; 372],
             source: String::new(),
             license: String::new(),
+            custom: None,
         };
         assert_eq!(check_budget(&v, 438, 2048).unwrap(), None);
         // 438 tokens + 50 new codes fits 488 exactly, not 487.
@@ -940,6 +950,7 @@ mod tests {
             codes: (0..40).collect(),
             source: "s".into(),
             license: "l".into(),
+            custom: None,
         };
         let text = voice_json(&v);
         assert_eq!(serde_json::from_str::<Voice>(&text).unwrap(), v);

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::package::SPEECH_CODES;
 
 pub mod clone;
+pub mod consent;
 pub mod import;
 mod pickle;
 mod torch;
@@ -33,6 +34,12 @@ pub enum VoiceError {
     BadName(String),
     #[error("{}: a voice file of this name exists; pass --force to replace it", .0.display())]
     Exists(PathBuf),
+    #[error("voice {name:?} is {}, not one of the voices in {}: it is not removed here", .path.display(), .dir.display())]
+    NotRemovable {
+        name: String,
+        path: PathBuf,
+        dir: PathBuf,
+    },
     #[error("{}: {source}", .path.display())]
     Io {
         path: PathBuf,
@@ -61,6 +68,46 @@ pub struct Voice {
     pub source: String,
     #[serde(default)]
     pub license: String,
+    /// Set on a voice created through the server's custom-voice API (OpenAI's `audio.voice`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom: Option<CustomVoice>,
+}
+
+/// What OpenAI's custom-voice API says of a voice besides its name: its id (`voice_...`), when it
+/// was made and the consent recording it was made under.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CustomVoice {
+    pub id: String,
+    /// Unix seconds.
+    pub created_at: u64,
+    pub consent: String,
+}
+
+/// A fresh id `PREFIX_` + 24 hex digits, as OpenAI's objects have. Unique, not secret: std's
+/// `RandomState` (keyed from the OS once per process) hashes the time and a counter.
+pub fn new_id(prefix: &str) -> String {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let word = |salt: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(nanos);
+        h.write_u64(n);
+        h.write_u64(salt);
+        h.finish()
+    };
+    let (a, b) = (word(1), word(2) >> 32);
+    format!("{prefix}_{a:016x}{b:08x}")
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Voice {
@@ -154,14 +201,35 @@ impl VoiceStore {
         Ok(store)
     }
 
+    /// The voice of this name, or the custom voice of this id (`voice_...`).
     pub fn get(&self, name: &str) -> Result<&Voice, VoiceError> {
         self.voices
             .get(name)
+            .or_else(|| {
+                self.voices
+                    .values()
+                    .find(|(v, _)| v.custom.as_ref().is_some_and(|c| c.id == name))
+            })
             .map(|(v, _)| v)
             .ok_or_else(|| VoiceError::Unknown {
                 name: name.to_owned(),
                 known: self.names(),
             })
+    }
+
+    /// The file a voice was read from (or saved to).
+    pub fn path_of(&self, name: &str) -> Option<&Path> {
+        self.voices.get(name).map(|(_, p)| p.as_path())
+    }
+
+    /// Adds (or replaces) a voice saved at `path`.
+    pub fn insert(&mut self, voice: Voice, path: PathBuf) {
+        self.voices.insert(voice.name.clone(), (voice, path));
+    }
+
+    /// Forgets a voice (its file stays); returns it and its file.
+    pub fn forget(&mut self, name: &str) -> Option<(Voice, PathBuf)> {
+        self.voices.remove(name)
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -197,15 +265,22 @@ pub fn read_voice(path: &Path) -> Result<Voice, VoiceError> {
     Ok(voice)
 }
 
+/// The directory under a voice directory where the server keeps voices created over HTTP (and
+/// their consent recordings), apart from the shipped ones.
+pub const CUSTOM_SUBDIR: &str = "custom";
+
 /// The default voice directories: `$ONEBIT_VOICES` (colon-separated) and the repo's `voices/`
-/// beside the current directory or the executable's checkout.
+/// beside the current directory or the executable's checkout, each after its `custom/` (voices
+/// created over HTTP; a shipped voice of the same name wins).
 pub fn default_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     for home in crate::paths::onebit_homes() {
         if let Some(repo) = home.parent() {
             let d = repo.join("voices");
-            if !dirs.contains(&d) {
-                dirs.push(d);
+            for d in [d.join(CUSTOM_SUBDIR), d] {
+                if !dirs.contains(&d) {
+                    dirs.push(d);
+                }
             }
         }
     }
@@ -238,6 +313,7 @@ mod tests {
             codes: vec![1, 65_536],
             source: String::new(),
             license: String::new(),
+            custom: None,
         };
         let e = v.validate().unwrap_err();
         assert_eq!(e.field, "codes");

@@ -9,7 +9,8 @@ tests/openai_sdk.rs starts the server (with an API key) and runs this. The page 
 key, lists no voices until the key is entered, then lists them; "Speak" streams 16-bit PCM into
 Web Audio as it arrives (first audio and codes/s shown), the player element gets the take as WAV
 and plays it (its clock advances), the audio is not silent, and the download, asked as FLAC, is a
-valid FLAC file; a wrong key shows the server's error. Prints one line per check, then
+valid FLAC file; a voice cloned from the page (consent and sample picked as files) is listed,
+selected and speaks; a wrong key shows the server's error. Prints one line per check, then
 "N passed, M failed"; exits non-zero on any failure.
 """
 
@@ -24,6 +25,7 @@ import tempfile
 import time
 import traceback
 import urllib.request
+import wave
 
 import websocket
 
@@ -81,6 +83,12 @@ class Browser:
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what}")
 
+    def set_file(self, selector, path):
+        """Puts a file in a file input, as a user picking it would."""
+        root = self.call("DOM.getDocument")["root"]["nodeId"]
+        node = self.call("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
+        self.call("DOM.setFileInputFiles", nodeId=node, files=[path])
+
     def close(self):
         try:
             self.ws.close()
@@ -88,6 +96,21 @@ class Browser:
             self.proc.kill()
             self.proc.wait()
             shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def tone_wav(path, seconds, freq):
+    """A 16 kHz mono 16-bit WAV of a sweeping tone."""
+    import math
+    with wave.open(path, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        frames = bytearray()
+        for i in range(int(seconds * 16_000)):
+            t = i / 16_000
+            x = 0.4 * math.sin(2 * math.pi * (freq + 150 * math.sin(3 * t)) * t)
+            frames += int(x * 32767).to_bytes(2, "little", signed=True)
+        w.writeframes(bytes(frames))
 
 
 def main():
@@ -111,7 +134,9 @@ def main():
     b = Browser(args.chromium, args.url)
     try:
         def loads():
-            b.wait("document.readyState === 'complete'", "the page")
+            # The new tab starts on about:blank: wait for this page, loaded.
+            b.wait(f"location.href === {json.dumps(args.url)} && document.readyState === 'complete'"
+                   " && document.title", "the page")
             title = b.js("document.title")
             assert title == "onebit-tts", title
             # Without the key the voices request is refused and the page says why.
@@ -160,6 +185,34 @@ def main():
             assert raw[:4] == b"fLaC" and len(raw) > 1000, raw[:16]
             return f"{len(raw)} bytes of FLAC"
 
+        def clone():
+            cloning = b.js("window.onebitCloning")
+            assert cloning and cloning["available"], cloning
+            assert b.js("!document.getElementById('clone').hidden")
+            files = tempfile.mkdtemp(prefix="onebit-page-")
+            consent, sample = os.path.join(files, "consent.wav"), os.path.join(files, "sample.wav")
+            tone_wav(consent, 1.5, 300.0)
+            tone_wav(sample, 2.0, 200.0)
+            b.js("document.getElementById('clone').open = true; "
+                 "document.getElementById('clone-name').value = 'paged'; "
+                 "document.getElementById('clone-transcript').value = 'A tone from the page.'")
+            b.set_file("#clone-consent", consent)
+            b.set_file("#clone-sample", sample)
+            b.js("document.getElementById('clone-go').click()")
+            state = b.wait("window.onebitClone && window.onebitClone.done && window.onebitClone",
+                           "the clone")
+            shutil.rmtree(files, ignore_errors=True)
+            assert state["error"] is None, state["error"]
+            assert "paged" in b.js("window.onebitVoices"), b.js("window.onebitVoices")
+            assert b.js("document.getElementById('voice').value") == "paged"
+            # The new voice speaks at once.
+            b.js("document.getElementById('format').value = 'wav'; "
+                 "document.getElementById('speak').click()")
+            spoken = b.wait("window.onebitLast && window.onebitLast.done && window.onebitLast",
+                            "speech in the new voice")
+            assert spoken["error"] is None and spoken["rms"] > 0.001, spoken
+            return f"{state['voice']['id']}, then {spoken['samples']} samples in it"
+
         def wrong_key():
             b.js("document.getElementById('key').value = 'wrong'; "
                  "document.getElementById('speak').click()")
@@ -173,6 +226,7 @@ def main():
         check("Speak streams non-silent audio and shows first audio and codes/s", speaks)
         check("the player plays the take", plays)
         check("the download is a valid file of the chosen format", download)
+        check("a voice cloned from the page speaks at once", clone)
         check("a wrong key shows the server's error", wrong_key)
     finally:
         b.close()

@@ -13,7 +13,19 @@ pub fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
     let mut server_cfg = args.config(String::new())?;
     let mut cfg = synth_config(model);
     cfg.max_input_chars = args.max_input_chars;
+    // Voices created over HTTP live in the store, which is read first so they load again after a
+    // restart, and a shipped voice of the same name wins.
+    let store = args
+        .voice_store
+        .clone()
+        .unwrap_or_else(|| crate::voices::store_dir().join(onebit_tts::voice::CUSTOM_SUBDIR));
+    cfg.voice_dirs.retain(|d| d != &store);
+    cfg.voice_dirs.insert(0, store.clone());
+    server_cfg.voice_store = Some(store);
     let synth = std::sync::Arc::new(Synthesizer::load(&cfg)?);
+    if server_cfg.encoder.is_none() {
+        server_cfg.encoder = synth.package().codec.encoder.clone();
+    }
     tracing::info!(
         package = %synth.package().dir.display(),
         engine = %synth.engine_description(),
