@@ -1109,7 +1109,7 @@ async fn every_error_has_the_openai_shape_and_the_server_keeps_serving() {
     }
 
     // Unknown routes: 404; a known route with the wrong method: 405.
-    for path in ["/v1/nope", "/v1/audio/speech/extra", "/"] {
+    for path in ["/v1/nope", "/v1/audio/speech/extra", "/index.html"] {
         let r = c.get(s.url(path)).send().await.unwrap();
         api_error(r, 404, None, Some("not_found")).await;
         still_serving(&c, &s, &valid).await;
@@ -1467,11 +1467,16 @@ async fn load_200_requests_from_32_clients_get_200_or_429_and_never_mix_bytes() 
         queue_depth: 4,
         ..config()
     };
-    let s = Server::start(tiny_random(), cfg).await;
+    // The chain package: a take is exact in a batch too (on the random package one row and
+    // several round differently: tests/batching.rs); each "seed" also asks its own length, so the
+    // takes differ.
+    // Its own synthesizer: the metrics below are this test's alone.
+    let own = Arc::new(Synthesizer::load(&synth_config("tiny")).expect("load tiny"));
+    let s = Server::start(own, cfg).await;
     let c = client();
     let req = |seed: u64| {
-        json!({"model": "tiny-random", "voice": "test", "input": TEXT, "seed": seed,
-               "response_format": "wav", "max_new_tokens": 60})
+        json!({"model": "tiny", "voice": "test", "input": TEXT, "seed": seed,
+               "response_format": "wav", "max_new_tokens": 40 + 7 * seed, "temperature": 0})
     };
 
     // The reference take of each seed, one request at a time.
@@ -2288,14 +2293,10 @@ async fn cloning_without_a_store_or_an_encoder_says_what_to_configure() {
     assert!(m.contains("--voice-store"), "{m}");
     let r = post_form(&c, &s, "/v1/audio/voice_consents", &consent_form).await;
     api_error(r, 501, None, Some("voice_store_not_configured")).await;
-    let v: Value = c
-        .get(s.url("/v1/audio/voices"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = c.get(s.url("/v1/audio/voices")).send().await.unwrap();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status} {e}: {text}"));
     assert_eq!(v["cloning"]["available"], false, "{v}");
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"], json!([]));
