@@ -199,7 +199,12 @@ fn the_openai_node_sdk_gets_valid_audio_with_a_key() {
     let modules = node_modules();
     let dir = common::tempdir("openai-node");
     let server_log = dir.join("server.log");
-    let (_server, addr) = start_server("tiny", &[], &server_log);
+    let store = dir.join("store");
+    let (_server, addr) = start_server(
+        "tiny",
+        &["--voice-store", store.to_str().unwrap()],
+        &server_log,
+    );
     let codes = common::expect("tiny")["test_voice_greedy_codes"]
         .as_u64()
         .unwrap();
@@ -224,7 +229,7 @@ fn the_openai_node_sdk_gets_valid_audio_with_a_key() {
         log(&server_log)
     );
     let summary = stdout.lines().last().unwrap_or("");
-    assert_eq!(summary, "11 passed, 0 failed");
+    assert_eq!(summary, "12 passed, 0 failed");
 }
 
 /// Resident memory of a process in bytes (`VmRSS` of /proc/PID/status).
@@ -506,7 +511,7 @@ fn a_voice_cloned_with_the_python_sdk_speaks_at_once_and_after_a_restart() {
     ];
     let first_log = dir.join("first.log");
     let (server, addr) = start_server("tiny", &flags, &first_log);
-    custom_voices(addr, "create", &state, &first_log, 14);
+    custom_voices(addr, "create", &state, &first_log, 16);
     drop(server);
     // Kept atomically where the server was told: one voice file, one consent and its recording,
     // no temporary files.
@@ -524,8 +529,10 @@ fn a_voice_cloned_with_the_python_sdk_speaks_at_once_and_after_a_restart() {
     );
 
     let second_log = dir.join("second.log");
+    let mut flags = flags.to_vec();
+    flags.extend(["--voice-alias", "narrator=ana"]);
     let (_server, addr) = start_server("tiny", &flags, &second_log);
-    custom_voices(addr, "restarted", &state, &second_log, 2);
+    custom_voices(addr, "restarted", &state, &second_log, 3);
 }
 
 /// Files under `dir`, relative, with `/` between parts.

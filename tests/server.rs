@@ -1777,7 +1777,10 @@ async fn cors_is_off_by_default_and_answers_preflights_for_named_origins() {
         header(&r, "access-control-allow-origin"),
         "http://app.example"
     );
-    assert_eq!(header(&r, "access-control-allow-methods"), "GET,POST");
+    assert_eq!(
+        header(&r, "access-control-allow-methods"),
+        "GET,POST,DELETE"
+    );
     assert_eq!(
         header(&r, "access-control-allow-headers"),
         "authorization,content-type"
@@ -2386,4 +2389,27 @@ async fn cloning_without_a_store_or_an_encoder_says_what_to_configure() {
         std::fs::read_dir(store.join("consents")).unwrap().count(),
         0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_loads_without_a_key_and_no_other_site_may_frame_it() {
+    let cfg = ServerConfig {
+        api_keys: vec!["sk-page-test".into()],
+        ..config()
+    };
+    let s = Server::start(tiny(), cfg).await;
+    let c = client();
+    let r = c.get(s.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "content-type"), "text/html; charset=utf-8");
+    assert_eq!(header(&r, "x-frame-options"), "DENY");
+    assert_eq!(
+        header(&r, "content-security-policy"),
+        "frame-ancestors 'none'"
+    );
+    let page = r.text().await.unwrap();
+    assert!(page.contains("<title>onebit-tts</title>"), "{page}");
+    // Everything the page calls still needs the key.
+    let r = c.get(s.url("/v1/audio/voices")).send().await.unwrap();
+    api_error(r, 401, None, Some("invalid_api_key")).await;
 }

@@ -69,7 +69,30 @@ pub fn decode_bytes_to(
     if bytes.is_empty() {
         return Err(AudioError::EmptyInput);
     }
-    decode_source(Box::new(Cursor::new(bytes)), extension, sample_rate)
+    decode_source(
+        Box::new(Cursor::new(bytes)),
+        extension,
+        sample_rate,
+        MAX_INPUT_SECONDS,
+    )
+}
+
+/// [`decode_bytes`] that stops at `max_seconds` of audio ([`AudioError::InputTooLong`]), so an
+/// upload that claims a long or high-rate stream cannot grow the decoded buffer past it.
+pub fn decode_bytes_within(
+    bytes: &[u8],
+    extension: Option<&str>,
+    max_seconds: u32,
+) -> Result<DecodedAudio, AudioError> {
+    if bytes.is_empty() {
+        return Err(AudioError::EmptyInput);
+    }
+    decode_source(
+        Box::new(Cursor::new(bytes)),
+        extension,
+        CLONE_SAMPLE_RATE,
+        max_seconds.min(MAX_INPUT_SECONDS),
+    )
 }
 
 /// Decodes an audio file; its extension is used as a probe hint.
@@ -79,7 +102,7 @@ pub fn decode_path(path: &Path) -> Result<DecodedAudio, AudioError> {
         return Err(AudioError::EmptyInput);
     }
     let ext = path.extension().and_then(|e| e.to_str());
-    decode_source(Box::new(file), ext, CLONE_SAMPLE_RATE)
+    decode_source(Box::new(file), ext, CLONE_SAMPLE_RATE, MAX_INPUT_SECONDS)
 }
 
 fn corrupt(e: SymphoniaError) -> AudioError {
@@ -90,6 +113,7 @@ fn decode_source<'a>(
     source: Box<dyn MediaSource + 'a>,
     extension: Option<&str>,
     out_rate: u32,
+    max_seconds: u32,
 ) -> Result<DecodedAudio, AudioError> {
     let mss = MediaSourceStream::new(source, Default::default());
     let mut hint = Hint::new();
@@ -190,10 +214,8 @@ fn decode_source<'a>(
                 .chunks_exact(channels)
                 .map(|frame| frame.iter().sum::<f32>() * scale),
         );
-        if rate > 0 && mono.len() as u64 > u64::from(MAX_INPUT_SECONDS) * u64::from(rate) {
-            return Err(AudioError::InputTooLong {
-                max_seconds: MAX_INPUT_SECONDS,
-            });
+        if rate > 0 && mono.len() as u64 > u64::from(max_seconds) * u64::from(rate) {
+            return Err(AudioError::InputTooLong { max_seconds });
         }
     }
 

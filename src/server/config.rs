@@ -51,6 +51,9 @@ pub struct ServerConfig {
     /// The NeuCodec encoder ONNX that clones voices from uploaded audio (`--encoder`, else the
     /// codec package's); none: the cloning routes answer 501 saying what to configure.
     pub encoder: Option<PathBuf>,
+    /// The operator named the encoder (`--encoder`): one that does not load stops the start.
+    /// The codec package's own is optional: failing, cloning answers 501 and says why.
+    pub encoder_required: bool,
     /// Where voices created over HTTP are kept (consents in its `consents/`); it must be one of
     /// the synthesizer's voice directories so they load again after a restart. None: cloning
     /// answers 501.
@@ -79,6 +82,7 @@ impl Default for ServerConfig {
             max_connections: 512,
             max_response_bytes: 64 << 20,
             encoder: None,
+            encoder_required: false,
             voice_store: None,
             max_upload_bytes: 10 << 20,
             insecure_no_auth: false,
@@ -311,6 +315,7 @@ impl ServeArgs {
             wyoming,
             http: !self.no_http,
             encoder: self.encoder.clone(),
+            encoder_required: self.encoder.is_some(),
             voice_store: self.voice_store.clone(),
             max_upload_bytes: self.max_upload_mb.saturating_mul(1 << 20),
         };

@@ -257,14 +257,14 @@ impl ApiError {
 
     /// 413 for an uploaded file over its limit (`got`: its size, when the form was read whole).
     pub fn file_too_large(param: &'static str, got: Option<usize>, limit: usize) -> Self {
-        let size = got.map_or_else(|| "larger".to_owned(), |g| format!("{g} bytes"));
+        let size = got.map_or_else(String::new, |g| format!(" ({g} bytes)"));
         Self {
             param: Some(param),
             ..Self::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "file_too_large",
                 format!(
-                    "{param} is {size}; the limit is {limit} bytes ({:.0} MiB, max_upload_mb)",
+                    "{param}{size} is over the limit of {limit} bytes ({:.0} MiB, max_upload_mb)",
                     limit as f64 / f64::from(1 << 20)
                 ),
             )
@@ -274,6 +274,11 @@ impl ApiError {
     /// 404 for an object id that does not exist (a consent, a custom voice).
     pub fn no_object(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, code, message)
+    }
+
+    /// 409: the request conflicts with the server's state.
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, code, message)
     }
 
     /// 409: the name is taken.

@@ -105,6 +105,9 @@ async fn page() -> Response {
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
+            // It holds the key and buttons that speak and clone: no other site may frame it.
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
         ],
         include_str!("web/index.html"),
     )

@@ -82,13 +82,16 @@ pub(super) async fn read_body(
 ) -> Result<Bytes, ApiError> {
     let limit = st.cfg.max_body_bytes;
     let timeout = st.cfg.body_timeout;
-    tokio::time::timeout(timeout, read_limited(limit, headers, body))
+    tokio::time::timeout(timeout, read_limited(limit, DRAIN_CAP, headers, body))
         .await
         .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout)))
 }
 
+/// [`read_body`] without its clock: at most `limit` bytes; a body over it is read and dropped up
+/// to `drain_cap` bytes in all before the 413, so the client is not cut off mid-send.
 pub(super) async fn read_limited(
     limit: usize,
+    drain_cap: u64,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Bytes, ApiError> {
@@ -98,8 +101,8 @@ pub(super) async fn read_limited(
         .and_then(|v| v.parse::<u64>().ok());
     let mut stream = body.into_data_stream();
     if declared.is_some_and(|n| n > limit as u64) {
-        if declared.is_some_and(|n| n <= DRAIN_CAP) {
-            drain(&mut stream, 0).await;
+        if declared.is_some_and(|n| n <= drain_cap) {
+            drain(&mut stream, 0, drain_cap).await;
         }
         return Err(ApiError::body_too_large(limit));
     }
@@ -107,7 +110,7 @@ pub(super) async fn read_limited(
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(ApiError::body_unreadable)?;
         if out.len() + chunk.len() > limit {
-            drain(&mut stream, (out.len() + chunk.len()) as u64).await;
+            drain(&mut stream, (out.len() + chunk.len()) as u64, drain_cap).await;
             return Err(ApiError::body_too_large(limit));
         }
         out.extend_from_slice(&chunk);
@@ -115,9 +118,9 @@ pub(super) async fn read_limited(
     Ok(Bytes::from(out))
 }
 
-/// Reads and drops the rest of a body, up to [`DRAIN_CAP`] bytes in all.
-async fn drain(stream: &mut axum::body::BodyDataStream, mut seen: u64) {
-    while seen <= DRAIN_CAP {
+/// Reads and drops the rest of a body, up to `cap` bytes in all.
+pub(super) async fn drain(stream: &mut axum::body::BodyDataStream, mut seen: u64, cap: u64) {
+    while seen <= cap {
         match stream.next().await {
             Some(Ok(chunk)) => seen += chunk.len() as u64,
             _ => return,

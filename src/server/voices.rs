@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::errors::ApiError;
 use super::schema::read_limited;
-use crate::audio::decode::{DecodedAudio, decode_bytes};
+use crate::audio::AudioError;
+use crate::audio::decode::{DecodedAudio, decode_bytes_within};
 use crate::codec::encoder::{CodecEncoder, ENCODER_NEEDED};
 use crate::synth::SynthError;
 use crate::text::Language;
@@ -29,6 +30,11 @@ use crate::voice::{CustomVoice, Voice, VoiceError};
 pub const MIN_SAMPLE_SECONDS: f64 = 1.0;
 /// Longest sample taken: past 15 s a reference mostly takes context from the text to speak.
 pub const MAX_SAMPLE_SECONDS: f64 = 30.0;
+/// Longest consent recording kept.
+pub const MAX_CONSENT_SECONDS: u32 = 60;
+/// Uploads read, decoded and encoded at once; the rest wait (each holds up to the upload limit
+/// and its decoded samples in memory).
+const UPLOADS_AT_ONCE: usize = 2;
 /// Room in an upload's body for its text fields and multipart framing, past the file limit.
 const FORM_OVERHEAD: usize = 64 << 10;
 
@@ -36,12 +42,15 @@ const FORM_OVERHEAD: usize = 64 << 10;
 pub(crate) struct Cloning {
     store: Option<PathBuf>,
     encoder: Result<Mutex<CodecEncoder>, String>,
-    /// One creation or deletion at a time: the name check and the save are one step.
-    lock: tokio::sync::Mutex<()>,
+    /// One creation or deletion at a time: the name check and the save are one step. Held by the
+    /// blocking work itself, so a client that leaves mid-encode does not release it early.
+    lock: Arc<tokio::sync::Mutex<()>>,
+    uploads: tokio::sync::Semaphore,
 }
 
 impl Cloning {
-    /// Loads the encoder `cfg` names. `Err` only when one is named and fails to load.
+    /// Loads the encoder `cfg` names. `Err` only when the operator named it (`--encoder`) and it
+    /// fails to load; the codec package's own failing leaves cloning off (501 says why).
     pub(super) fn open(cfg: &super::ServerConfig) -> Result<Self, String> {
         let encoder = match &cfg.encoder {
             None => Err(ENCODER_NEEDED.to_owned()),
@@ -56,14 +65,22 @@ impl Cloning {
                     .and_then(|env| {
                         CodecEncoder::load(env, path, &threads).map_err(|e| e.to_string())
                     })
-                    .map_err(|e| format!("the encoder {}: {e}", path.display()))?;
-                Ok(Mutex::new(loaded))
+                    .map_err(|e| format!("the encoder {}: {e}", path.display()));
+                match loaded {
+                    Ok(enc) => Ok(Mutex::new(enc)),
+                    Err(e) if cfg.encoder_required => return Err(e),
+                    Err(e) => {
+                        tracing::warn!("{e}; cloning over HTTP is off");
+                        Err(e)
+                    }
+                }
             }
         };
         Ok(Self {
             store: cfg.voice_store.clone(),
             encoder,
-            lock: tokio::sync::Mutex::new(()),
+            lock: Arc::default(),
+            uploads: tokio::sync::Semaphore::new(UPLOADS_AT_ONCE),
         })
     }
 
@@ -74,7 +91,8 @@ impl Cloning {
             Self {
                 store: cfg.voice_store.clone(),
                 encoder: Err(e),
-                lock: tokio::sync::Mutex::new(()),
+                lock: Arc::default(),
+                uploads: tokio::sync::Semaphore::new(UPLOADS_AT_ONCE),
             }
         })
     }
@@ -156,7 +174,11 @@ fn check_origin(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let own = ["http://", "https://"]
         .iter()
         .any(|s| origin.strip_prefix(s) == Some(host));
-    let allowed = st.cfg.cors_origins.iter().any(|o| o == "*" || o == origin);
+    let allowed = st
+        .cfg
+        .cors_origins
+        .iter()
+        .any(|o| o == "*" || o.trim_end_matches('/') == origin);
     if own || allowed {
         Ok(())
     } else {
@@ -167,7 +189,8 @@ fn check_origin(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Reads a `multipart/form-data` body (or, with `json_ok`, a JSON object of text fields).
+/// Reads a `multipart/form-data` body (or, with `json_ok`, a JSON object of text fields), then
+/// checks where it came from.
 /// `file` names the form's audio field: a body over the limit is that file being too large.
 async fn read_form(
     st: &AppState,
@@ -176,7 +199,6 @@ async fn read_form(
     file: &'static str,
 ) -> Result<Form, ApiError> {
     let (parts, body) = request.into_parts();
-    check_origin(st, &parts.headers)?;
     let ct = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -186,7 +208,7 @@ async fn read_form(
     let limit = st.cfg.max_upload_bytes + FORM_OVERHEAD;
     let bytes = tokio::time::timeout(
         st.cfg.body_timeout,
-        read_limited(limit, &parts.headers, body),
+        read_limited(limit, (2 * limit) as u64, &parts.headers, body),
     )
     .await
     .unwrap_or_else(|_| Err(ApiError::body_timeout(st.cfg.body_timeout)))
@@ -197,6 +219,9 @@ async fn read_form(
             e
         }
     })?;
+    // Refusals come after the body is read: answering while the client still sends would cut
+    // it off with a reset instead of the answer.
+    check_origin(st, &parts.headers)?;
     if json_ok && super::schema::check_content_type(&parts.headers).is_ok() {
         let value: serde_json::Map<String, Value> =
             serde_json::from_slice(&bytes).map_err(ApiError::invalid_json)?;
@@ -252,11 +277,13 @@ async fn read_form(
     Ok(form)
 }
 
-/// The uploaded audio decoded, within the size limit; `param` names the field in errors.
+/// The uploaded audio decoded, within the size limit and `max_seconds`; `param` names the field
+/// in errors.
 async fn decode_upload(
     st: &AppState,
     upload: &Upload,
     param: &'static str,
+    max_seconds: u32,
 ) -> Result<DecodedAudio, ApiError> {
     if upload.bytes.len() > st.cfg.max_upload_bytes {
         return Err(ApiError::file_too_large(
@@ -267,14 +294,27 @@ async fn decode_upload(
     }
     let bytes = upload.bytes.clone();
     let ext = upload.extension().map(str::to_owned);
-    tokio::task::spawn_blocking(move || decode_bytes(&bytes, ext.as_deref()))
+    tokio::task::spawn_blocking(move || decode_bytes_within(&bytes, ext.as_deref(), max_seconds))
         .await
         .map_err(|e| ApiError::internal(format!("decoding stopped: {e}")))?
-        .map_err(|e| ApiError::bad_field(param, "invalid_audio", format!("{param}: {e}")))
+        .map_err(|e| match e {
+            AudioError::InputTooLong { max_seconds } => ApiError::bad_field(
+                param,
+                "audio_too_long",
+                format!("{param} is longer than {max_seconds} s"),
+            ),
+            e => ApiError::bad_field(param, "invalid_audio", format!("{param}: {e}")),
+        })
 }
 
 /// The language of a consent or a voice, as the front end names it.
 fn language(tag: &str, param: &'static str) -> Result<Language, ApiError> {
+    if !crate::voice::consent::valid_tag(tag) {
+        return Err(ApiError::invalid_value(
+            param,
+            format!("{param} must be a BCP 47 tag such as en-US (1-35 letters, digits and '-')"),
+        ));
+    }
     Language::from_bcp47(tag).map_err(|e| ApiError::invalid_value(param, e.to_string()))
 }
 
@@ -298,8 +338,9 @@ impl From<ConsentError> for ApiError {
 /// `POST /v1/audio/voice_consents`: `name`, `language`, `recording`.
 pub(super) async fn create_consent(State(st): State<Arc<AppState>>, request: Request) -> Response {
     reply(async {
-        let consents = st.cloning.consents()?;
+        let _upload = st.cloning.uploads.acquire().await;
         let form = read_form(&st, request, false, "recording").await?;
+        let consents = st.cloning.consents()?;
         let name = form
             .required("name", " (a label for the consent)")?
             .to_owned();
@@ -308,7 +349,7 @@ pub(super) async fn create_consent(State(st): State<Arc<AppState>>, request: Req
             .to_owned();
         language(&tag, "language")?;
         let recording = form.file("recording")?;
-        let audio = decode_upload(&st, recording, "recording").await?;
+        let audio = decode_upload(&st, recording, "recording", MAX_CONSENT_SECONDS).await?;
         if audio.samples.is_empty() {
             return Err(ApiError::bad_field(
                 "recording",
@@ -318,8 +359,9 @@ pub(super) async fn create_consent(State(st): State<Arc<AppState>>, request: Req
         }
         let bytes = recording.bytes.clone();
         let ext = recording.extension().map(str::to_owned);
-        let _one = st.cloning.lock.lock().await;
+        let one = st.cloning.lock.clone().lock_owned().await;
         let c = blocking(move || {
+            let _one = one;
             consents.create(&name, &tag, &bytes, ext.as_deref(), audio.duration_secs)
         })
         .await??;
@@ -389,11 +431,15 @@ pub(super) async fn update_consent(
     request: Request,
 ) -> Response {
     reply(async {
-        let consents = st.cloning.consents()?;
         let form = read_form(&st, request, true, "name").await?;
+        let consents = st.cloning.consents()?;
         let name = form.required("name", " (the new label)")?.to_owned();
-        let _one = st.cloning.lock.lock().await;
-        let c = blocking(move || consents.rename(&id, &name)).await??;
+        let one = st.cloning.lock.clone().lock_owned().await;
+        let c = blocking(move || {
+            let _one = one;
+            consents.rename(&id, &name)
+        })
+        .await??;
         Ok(axum::Json(consent_object(&c)).into_response())
     })
     .await
@@ -406,8 +452,12 @@ pub(super) async fn delete_consent(
 ) -> Response {
     reply(async {
         let consents = st.cloning.consents()?;
-        let _one = st.cloning.lock.lock().await;
-        let c = blocking(move || consents.delete(&id)).await??;
+        let one = st.cloning.lock.clone().lock_owned().await;
+        let c = blocking(move || {
+            let _one = one;
+            consents.delete(&id)
+        })
+        .await??;
         Ok(
             axum::Json(json!({"id": c.id, "object": "audio.voice_consent", "deleted": true}))
                 .into_response(),
@@ -446,11 +496,12 @@ fn clone_error(e: CloneError) -> ApiError {
 /// words of the sample), optional `language` (else the consent's) and `type` (`audio_sample`).
 pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Request) -> Response {
     reply(async {
+        let _upload = st.cloning.uploads.acquire().await;
+        let form = read_form(&st, request, false, "audio_sample").await?;
         let store = st.cloning.store()?.to_path_buf();
         if let Err(e) = &st.cloning.encoder {
             return Err(ApiError::not_configured("encoder_not_configured", e.clone()));
         }
-        let form = read_form(&st, request, false, "audio_sample").await?;
         if let Some(t) = form.text("type").filter(|t| *t != "audio_sample") {
             return Err(ApiError::invalid_value(
                 "type",
@@ -475,11 +526,17 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
             license: String::new(),
             source: String::new(),
         };
-        crate::voice::validate_name(&name).map_err(|e| ApiError::invalid_value("name", e.to_string()))?;
-        if st.synth.voices().path_of(&name).is_some() {
-            return Err(ApiError::name_taken(format!(
-                "a voice named {name:?} exists; pick another name"
-            )));
+        check_new_name(&st, &name)?;
+        let chars = spec.transcript.chars().count();
+        if chars > st.cfg.max_input_chars {
+            return Err(ApiError::bad_field(
+                "transcript",
+                "transcript_too_long",
+                format!(
+                    "transcript has {chars} characters; the limit is {} (max_input_chars)",
+                    st.cfg.max_input_chars
+                ),
+            ));
         }
         let consents = st.cloning.consents()?;
         let consent = blocking(move || consents.get(&consent_id))
@@ -500,7 +557,7 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
         spec.check().map_err(clone_error)?;
 
         let sample = form.file("audio_sample")?;
-        let audio = decode_upload(&st, sample, "audio_sample").await?;
+        let audio = decode_upload(&st, sample, "audio_sample", MAX_SAMPLE_SECONDS as u32 + 1).await?;
         if audio.duration_secs < MIN_SAMPLE_SECONDS {
             return Err(ApiError::bad_field(
                 "audio_sample",
@@ -527,11 +584,14 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
             audio.duration_secs,
             consent.id
         );
-        let _one = st.cloning.lock.lock().await;
+        let one = st.cloning.lock.clone().lock_owned().await;
         // Encoding takes the encoder's lock on a blocking thread: one clone encodes at a time.
         let st2 = st.clone();
         let consent_id = consent.id.clone();
         let made = blocking(move || -> Result<(Voice, Vec<String>), ApiError> {
+            let _one = one;
+            // Checked again under the lock: a voice of this name may have been made meanwhile.
+            check_new_name(&st2, &spec.name)?;
             let Ok(encoder) = st2.cloning.encoder.as_ref() else {
                 return Err(ApiError::internal("the encoder went away"));
             };
@@ -542,7 +602,7 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
             drop(enc);
             let mut voice = cloned.voice;
             voice.custom = Some(CustomVoice {
-                id: crate::voice::new_id("voice"),
+                id: crate::voice::new_id(crate::voice::CUSTOM_ID_PREFIX.trim_end_matches('_')),
                 created_at: crate::voice::unix_now(),
                 consent: consent_id,
             });
@@ -561,7 +621,10 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
             st2.synth
                 .install_voice(&voice, &store)
                 .map_err(|e| match e {
-                    VoiceError::Exists(_) => ApiError::name_taken(e.to_string()),
+                    VoiceError::Exists(_) => ApiError::name_taken(format!(
+                        "a voice named {:?} exists; pick another name",
+                        voice.name
+                    )),
                     other => ApiError::internal(other.to_string()),
                 })?;
             Ok((voice, warnings))
@@ -574,6 +637,44 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
         Ok(axum::Json(obj).into_response())
     })
     .await
+}
+
+/// A new voice's name: valid, not any voice's, not an alias (which would hide it, and which
+/// `serve` refuses at the next start), not spelled like an id.
+fn check_new_name(st: &AppState, name: &str) -> Result<(), ApiError> {
+    crate::voice::validate_name(name)
+        .map_err(|e| ApiError::invalid_value("name", e.to_string()))?;
+    if name.starts_with(crate::voice::CUSTOM_ID_PREFIX) {
+        return Err(ApiError::invalid_value(
+            "name",
+            format!(
+                "names beginning {:?} are kept for ids",
+                crate::voice::CUSTOM_ID_PREFIX
+            ),
+        ));
+    }
+    if st.synth.voices().path_of(name).is_some() {
+        return Err(ApiError::name_taken(format!(
+            "a voice named {name:?} exists; pick another name"
+        )));
+    }
+    let alias = st
+        .aliases
+        .iter()
+        .find(|(a, _)| *a == name)
+        .map(|(_, to)| to.to_owned());
+    let default = super::names::DEFAULT_ALIASES
+        .iter()
+        .any(|(a, _)| *a == name);
+    if alias.is_some() || default {
+        return Err(ApiError::name_taken(format!(
+            "{name:?} is an alias{}; pick another name",
+            alias
+                .map(|v| format!(" of voice {v:?}"))
+                .unwrap_or_default()
+        )));
+    }
+    Ok(())
 }
 
 /// `GET /v1/audio/voices/{id}`: a voice by id (`voice_...`) or name.
@@ -598,17 +699,34 @@ pub(super) async fn delete_voice(
 ) -> Response {
     reply(async {
         let store = st.cloning.store()?.to_path_buf();
-        let _one = st.cloning.lock.lock().await;
+        // An alias that names the voice would name nothing after a restart, and `serve` refuses
+        // such aliases: the voice stays while one points at it.
+        if let Ok(v) = st.synth.voices().get(&id)
+            && let Some((alias, _)) = st.aliases.iter().find(|(_, to)| *to == v.name)
+        {
+            return Err(ApiError::conflict(
+                "voice_aliased",
+                format!(
+                    "the alias {alias:?} names voice {:?}; change the aliases first",
+                    v.name
+                ),
+            ));
+        }
+        let one = st.cloning.lock.clone().lock_owned().await;
         let st2 = st.clone();
-        let voice = blocking(move || st2.synth.uninstall_voice(&id, &store))
-            .await?
-            .map_err(|e| match e {
-                VoiceError::Unknown { .. } => ApiError::no_object("voice_not_found", e.to_string()),
-                VoiceError::NotRemovable { .. } => {
-                    ApiError::forbidden("voice_not_removable", e.to_string())
-                }
-                other => ApiError::internal(other.to_string()),
-            })?;
+        let voice = blocking(move || {
+            let _one = one;
+            st2.synth.uninstall_voice(&id, &store)
+        })
+        .await?
+        .map_err(|e| match e {
+            VoiceError::Unknown { .. } => ApiError::no_object("voice_not_found", e.to_string()),
+            VoiceError::NotRemovable { name, .. } => ApiError::forbidden(
+                "voice_not_removable",
+                format!("voice {name:?} was not created over HTTP; only those are deleted here"),
+            ),
+            other => ApiError::internal(other.to_string()),
+        })?;
         let id = voice
             .custom
             .as_ref()

@@ -405,7 +405,10 @@ fn pick_voice(shared: &Shared, voice: Option<&Value>) -> Result<String, ApiError
         .map(|l| l.to_ascii_lowercase().replace('_', "-"));
     let matches =
         |have: &str, want: &str| have == want || have.split('-').next() == want.split('-').next();
-    let names = store.names();
+    // Shipped and imported voices before ones cloned over HTTP: a client's new voice must not
+    // become every Home Assistant's default.
+    let mut names = store.names();
+    names.sort_by_key(|n| store.get(n).is_ok_and(|v| v.custom.is_some()));
     let pick = |want: &str| {
         names
             .iter()

@@ -290,7 +290,9 @@ impl Synthesizer {
             (Ok(a), Ok(b)) => a == b,
             _ => a == dir,
         };
-        if !path.parent().is_some_and(same) {
+        // Only a voice made over HTTP (with its custom record) in the store goes: a store set to
+        // the shipped voices' folder must not let a client delete them.
+        if voice.custom.is_none() || !path.parent().is_some_and(same) {
             return Err(VoiceError::NotRemovable {
                 name: voice.name,
                 path,

@@ -1,7 +1,7 @@
 //! Consent recordings: a person's spoken permission for their voice to be cloned (OpenAI's
 //! `audio.voice_consent`). A custom voice names the consent it was made under. Each consent is
-//! `DIR/ID.json` (its label, language and time) beside its recording `DIR/ID.EXT`; the JSON is
-//! written last and atomically, so a consent exists exactly when its JSON does.
+//! `DIR/ID.json` (its label, language and time) beside its recording `DIR/ID.recording.EXT`; the
+//! JSON is written last and atomically, so a consent exists exactly when its JSON does.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -74,6 +74,14 @@ fn check_label(name: &str) -> Result<(), ConsentError> {
     Ok(())
 }
 
+/// A BCP 47 tag's shape: 1-35 ASCII letters, digits and hyphens (it is stored as given).
+pub fn valid_tag(tag: &str) -> bool {
+    (1..=35).contains(&tag.len())
+        && tag
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
 impl ConsentStore {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self { dir: dir.into() }
@@ -115,7 +123,8 @@ impl ConsentStore {
             .unwrap_or("audio")
             .to_ascii_lowercase();
         let id = super::new_id(CONSENT_PREFIX);
-        let file = format!("{id}.{ext}");
+        // Not `ID.EXT`: an upload named `x.json` would be overwritten by its own record.
+        let file = format!("{id}.recording.{ext}");
         let audio_path = self.dir.join(&file);
         let mut f = PartialFile::create(&audio_path).map_err(io(&audio_path))?;
         f.write_all(recording).map_err(io(&audio_path))?;
@@ -178,7 +187,11 @@ impl ConsentStore {
                 continue;
             };
             if valid_id(id) {
-                out.push(self.get(id)?);
+                // One unreadable record must not hide the others.
+                match self.get(id) {
+                    Ok(c) => out.push(c),
+                    Err(e) => tracing::warn!("skipping a consent record: {e}"),
+                }
             }
         }
         out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
@@ -226,7 +239,13 @@ mod tests {
         let b = store
             .create("Ben", "de", b"x", Some("../../etc"), 2.0)
             .unwrap();
-        assert!(b.recording.ends_with(".audio"), "{}", b.recording);
+        assert!(b.recording.ends_with(".recording.audio"), "{}", b.recording);
+        // An upload named .json keeps its bytes beside the record, not under it.
+        let j = store
+            .create("Jo", "de", b"RIFF", Some("json"), 1.0)
+            .unwrap();
+        assert_eq!(std::fs::read(dir.join(&j.recording)).unwrap(), b"RIFF");
+        store.delete(&j.id).unwrap();
         let ids: Vec<_> = store.list().unwrap().into_iter().map(|c| c.id).collect();
         assert_eq!(ids.len(), 2);
         assert!(ids.contains(&a.id) && ids.contains(&b.id));

@@ -83,6 +83,9 @@ pub struct CustomVoice {
     pub consent: String,
 }
 
+/// How custom voices' ids begin (`voice_...`, OpenAI's spelling).
+pub const CUSTOM_ID_PREFIX: &str = "voice_";
+
 /// A fresh id `PREFIX_` + 24 hex digits, as OpenAI's objects have. Unique, not secret: std's
 /// `RandomState` (keyed from the OS once per process) hashes the time and a counter.
 pub fn new_id(prefix: &str) -> String {
@@ -203,18 +206,21 @@ impl VoiceStore {
 
     /// The voice of this name, or the custom voice of this id (`voice_...`).
     pub fn get(&self, name: &str) -> Result<&Voice, VoiceError> {
-        self.voices
-            .get(name)
-            .or_else(|| {
-                self.voices
-                    .values()
-                    .find(|(v, _)| v.custom.as_ref().is_some_and(|c| c.id == name))
-            })
-            .map(|(v, _)| v)
-            .ok_or_else(|| VoiceError::Unknown {
-                name: name.to_owned(),
-                known: self.names(),
-            })
+        let by_id = || {
+            self.voices
+                .values()
+                .find(|(v, _)| v.custom.as_ref().is_some_and(|c| c.id == name))
+        };
+        // An id wins over a name spelled like one, so no name can take another voice's id.
+        let found = if name.starts_with(CUSTOM_ID_PREFIX) {
+            by_id().or_else(|| self.voices.get(name))
+        } else {
+            self.voices.get(name).or_else(by_id)
+        };
+        found.map(|(v, _)| v).ok_or_else(|| VoiceError::Unknown {
+            name: name.to_owned(),
+            known: self.names(),
+        })
     }
 
     /// The file a voice was read from (or saved to).

@@ -9,10 +9,12 @@
 // Covers `client.audio.speech.create(...)` in every format, streamed raw (`stream_format:
 // "audio"`), OpenAI's model and voice names (`tts-1` with `alloy`), `models.list()` /
 // `retrieve()` with NotFoundError for an unknown id, the SDK's BadRequestError for a refused
-// format and AuthenticationError for a wrong key. Prints one line per check, then "N passed, M failed"; exits non-zero on any failure.
+// format and AuthenticationError for a wrong key, a custom voice (consent, clone with the
+// transcript field, speech by id, delete). Prints one line per check, then "N passed, M failed"; exits non-zero on any failure.
 "use strict";
 
 const OpenAI = require("openai");
+const { toFile } = require("openai");
 
 const TEXT = "Hello world, this is a test.";
 const RATE = 24000;
@@ -59,6 +61,29 @@ function check(format, buf, samples, streamed) {
   }
   assert(buf.length >= 1000, `${format}: only ${buf.length} bytes`);
   return `${buf.length} bytes`;
+}
+
+// A 16 kHz mono 16-bit WAV of a sweeping tone, `seconds` long.
+function toneWav(seconds, freq) {
+  const n = Math.round(seconds * 16000);
+  const buf = Buffer.alloc(44 + 2 * n);
+  buf.write("RIFF", 0, "ascii");
+  buf.writeUInt32LE(36 + 2 * n, 4);
+  buf.write("WAVEfmt ", 8, "ascii");
+  buf.writeUInt32LE(16, 16);
+  buf.writeUInt16LE(1, 20);
+  buf.writeUInt16LE(1, 22);
+  buf.writeUInt32LE(16000, 24);
+  buf.writeUInt32LE(32000, 28);
+  buf.writeUInt16LE(2, 32);
+  buf.writeUInt16LE(16, 34);
+  buf.write("data", 36, "ascii");
+  buf.writeUInt32LE(2 * n, 40);
+  for (let i = 0; i < n; i++) {
+    const t = i / 16000;
+    buf.writeInt16LE(Math.round(12000 * Math.sin(2 * Math.PI * (freq + 100 * Math.sin(2 * t)) * t)), 44 + 2 * i);
+  }
+  return buf;
 }
 
 async function main() {
@@ -138,6 +163,29 @@ async function main() {
       return "401 invalid_api_key";
     }
     throw new Error("expected a 401");
+  });
+
+  await run("a custom voice: voiceConsents.create, voices.create with the transcript, speech by id, voices.delete", async () => {
+    const consent = await client.audio.voiceConsents.create({
+      name: "Node consent",
+      language: "en-US",
+      recording: await toFile(toneWav(1.5, 300), "consent.wav", { type: "audio/wav" }),
+    });
+    assert(consent.object === "audio.voice_consent" && consent.id.startsWith("cons_"), JSON.stringify(consent));
+    // `transcript` is this server's extension to OpenAI's form; the SDK sends every body field.
+    const voice = await client.audio.voices.create({
+      name: "node-voice",
+      consent: consent.id,
+      audio_sample: await toFile(toneWav(2, 200), "sample.wav", { type: "audio/wav" }),
+      transcript: "A tone from the Node test.",
+    });
+    assert(voice.object === "audio.voice" && voice.id.startsWith("voice_") && voice.name === "node-voice", JSON.stringify(voice));
+    const r = await client.audio.speech.create({ model: "tts-1", voice: { id: voice.id }, input: TEXT, temperature: 0, response_format: "wav" });
+    const n = wavSamples(Buffer.from(await r.arrayBuffer()), false);
+    assert(n > 0 && n % 480 === 0, `${n} samples`);
+    const d = await client.audio.voices.delete(voice.id);
+    assert(d.deleted === true && d.id === voice.id, JSON.stringify(d));
+    return `${voice.id}: ${n} samples, then deleted`;
   });
 
   const passed = results.filter(Boolean).length;

@@ -16,7 +16,9 @@ long, a name taken (409), an unknown consent, a prompt-made voice; deleting a sh
 a second voice made and deleted (then refused in speech). Writes the voice's id and the consent's
 to FILE.
 
-restarted: the voice and consent from FILE are still there and the voice speaks.
+restarted (the server now also maps the alias narrator to the voice): the voice and consent
+from FILE are still there, the voice speaks, by the alias too, and cannot be deleted while the
+alias names it.
 
 Prints one line per check, then "N passed, M failed"; exits non-zero on any failure.
 """
@@ -178,6 +180,23 @@ def main():
                            audio_sample=("jo.wav", sample, "audio/wav"),
                            extra_body={"transcript": TRANSCRIPT})
 
+        def alias_or_id_names():
+            alias = refused(openai.ConflictError, 409, "name", "voice_exists",
+                            name="alloy", consent=state["consent"],
+                            audio_sample=("a.wav", sample, "audio/wav"),
+                            extra_body={"transcript": TRANSCRIPT})
+            refused(openai.BadRequestError, 400, "name", "invalid_value",
+                    name=state["voice"], consent=state["consent"],
+                    audio_sample=("a.wav", sample, "audio/wav"),
+                    extra_body={"transcript": TRANSCRIPT})
+            return alias
+
+        def long_transcript():
+            return refused(openai.BadRequestError, 400, "transcript", "transcript_too_long",
+                           name="bob", consent=state["consent"],
+                           audio_sample=("bob.wav", sample, "audio/wav"),
+                           extra_body={"transcript": "word " * 2000})
+
         def unknown_consent():
             return refused(openai.BadRequestError, 400, "consent", "consent_not_found",
                            name="bob", consent="cons_0123456789abcdef",
@@ -190,7 +209,7 @@ def main():
 
         def shipped_stays():
             try:
-                client.audio.voices.delete("jo")
+                client.audio.voices.delete("test")
             except openai.PermissionDeniedError as e:
                 assert e.body.get("code") == "voice_not_removable", e.body
                 return e.body.get("message")
@@ -222,6 +241,8 @@ def main():
         check("a sample too long: 400", too_long)
         check("a sample too short: 400", too_short)
         check("a taken name: 409", name_taken)
+        check("an alias's name (alloy) or a voice id as a name: 409 / 400", alias_or_id_names)
+        check("a transcript over max_input_chars: 400", long_transcript)
         check("an unknown consent: 400", unknown_consent)
         check("a prompt-made voice: 400", prompt_voice)
         check("a shipped voice cannot be deleted: 403", shipped_stays)
@@ -242,8 +263,19 @@ def main():
         def speaks_again():
             return f"{valid_wav(speak({'id': state['voice']}))} samples"
 
+        def aliased():
+            # The restarted server maps the alias narrator to the cloned voice.
+            assert speak("narrator") == speak({"id": state["voice"]})
+            try:
+                client.audio.voices.delete(state["voice"])
+            except openai.ConflictError as e:
+                assert e.body.get("code") == "voice_aliased", e.body
+                return e.body.get("message")
+            raise AssertionError("an aliased voice was deleted")
+
         check("the voice and its consent survive a restart", still_there)
         check("the voice speaks after the restart", speaks_again)
+        check("an alias names the cloned voice, which then cannot be deleted: 409", aliased)
 
     passed = sum(results)
     failed = len(results) - passed
