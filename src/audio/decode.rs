@@ -66,15 +66,7 @@ pub fn decode_bytes_to(
     extension: Option<&str>,
     sample_rate: u32,
 ) -> Result<DecodedAudio, AudioError> {
-    if bytes.is_empty() {
-        return Err(AudioError::EmptyInput);
-    }
-    decode_source(
-        Box::new(Cursor::new(bytes)),
-        extension,
-        sample_rate,
-        MAX_INPUT_SECONDS,
-    )
+    decode_bytes_at(bytes, extension, sample_rate, MAX_INPUT_SECONDS)
 }
 
 /// [`decode_bytes`] that stops at `max_seconds` of audio ([`AudioError::InputTooLong`]), so an
@@ -84,14 +76,28 @@ pub fn decode_bytes_within(
     extension: Option<&str>,
     max_seconds: u32,
 ) -> Result<DecodedAudio, AudioError> {
+    decode_bytes_at(
+        bytes,
+        extension,
+        CLONE_SAMPLE_RATE,
+        max_seconds.min(MAX_INPUT_SECONDS),
+    )
+}
+
+fn decode_bytes_at(
+    bytes: &[u8],
+    extension: Option<&str>,
+    sample_rate: u32,
+    max_seconds: u32,
+) -> Result<DecodedAudio, AudioError> {
     if bytes.is_empty() {
         return Err(AudioError::EmptyInput);
     }
     decode_source(
         Box::new(Cursor::new(bytes)),
         extension,
-        CLONE_SAMPLE_RATE,
-        max_seconds.min(MAX_INPUT_SECONDS),
+        sample_rate,
+        max_seconds,
     )
 }
 

@@ -10,11 +10,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::audio::{AudioFormat, OutputSpec};
 use crate::engine::{
     CancelToken, Candidates, GenerationParams, SamplingParams, Scheduler, SchedulerOptions,
 };
-use crate::synth::{FrontEnd, SpeechRequest, SynthConfig, SynthEvent, Synthesizer, load_engine};
+use crate::synth::{FrontEnd, SynthConfig, SynthEvent, Synthesizer, load_engine};
 
 use super::peers::BenchError;
 use super::{Stat, machine, peak_rss_mb, synthetic_prompt};
@@ -379,23 +378,7 @@ pub fn pipeline_load(
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<LoadReport, BenchError> {
     let text = super::TEXTS[1].1;
-    let request = |seed: u64| SpeechRequest {
-        text: text.to_owned(),
-        voice: voice.to_owned(),
-        generation: GenerationParams {
-            sampling: SamplingParams {
-                seed: Some(seed),
-                ..sampling
-            },
-            ..GenerationParams::default()
-        },
-        output: OutputSpec {
-            format: AudioFormat::Wav,
-            streaming: true,
-            ..OutputSpec::default()
-        },
-        ..SpeechRequest::default()
-    };
+    let request = |seed: u64| super::bench_request(text, voice, seed, sampling);
     // Warm-up, as engine-only.
     progress("pipeline warm-up", 0, 1);
     synth.synthesize(&request(0), &CancelToken::new(), &mut |_| {

@@ -190,23 +190,7 @@ pub fn run(
         for (case, text) in TEXTS {
             for r in 0..runs {
                 progress(&format!("{case} / {voice} / run {}", r + 1), done, total);
-                let req = SpeechRequest {
-                    text: (*text).to_owned(),
-                    voice: voice.clone(),
-                    generation: GenerationParams {
-                        sampling: SamplingParams {
-                            seed: Some(r as u64),
-                            ..sampling
-                        },
-                        ..GenerationParams::default()
-                    },
-                    output: OutputSpec {
-                        format: AudioFormat::Wav,
-                        streaming: true,
-                        ..OutputSpec::default()
-                    },
-                    ..SpeechRequest::default()
-                };
+                let req = bench_request(text, voice, r as u64, sampling);
                 let mut code_times = Vec::new();
                 let report = synth.synthesize(&req, &CancelToken::new(), &mut |ev| {
                     if let SynthEvent::Code { index, .. } = ev
@@ -345,6 +329,27 @@ pub struct EngineRun {
 
 /// Deterministic synthetic prompts of `n` tokens: the NeuTTS layout (text part, then speech
 /// codes), so every engine sees the same ids.
+/// The whole-pipeline bench's request: `text` in `voice` with `seed`, streamed as WAV.
+fn bench_request(text: &str, voice: &str, seed: u64, sampling: SamplingParams) -> SpeechRequest {
+    SpeechRequest {
+        text: text.to_owned(),
+        voice: voice.to_owned(),
+        generation: GenerationParams {
+            sampling: SamplingParams {
+                seed: Some(seed),
+                ..sampling
+            },
+            ..GenerationParams::default()
+        },
+        output: OutputSpec {
+            format: AudioFormat::Wav,
+            streaming: true,
+            ..OutputSpec::default()
+        },
+        ..SpeechRequest::default()
+    }
+}
+
 pub fn synthetic_prompt(c: &Candidates, text_ids: &[u32], n: usize) -> Vec<u32> {
     let text_len = (n / 4).min(text_ids.len().max(1) * 64);
     let mut p: Vec<u32> = text_ids

@@ -42,8 +42,8 @@ const FORM_OVERHEAD: usize = 64 << 10;
 pub(crate) struct Cloning {
     store: Option<PathBuf>,
     encoder: Result<Mutex<CodecEncoder>, String>,
-    /// One creation or deletion at a time: the name check and the save are one step. Held by the
-    /// blocking work itself, so a client that leaves mid-encode does not release it early.
+    /// One creation or deletion at a time: the name check and the save are one step
+    /// ([`Cloning::exclusive`]).
     lock: Arc<tokio::sync::Mutex<()>>,
     uploads: tokio::sync::Semaphore,
 }
@@ -110,6 +110,20 @@ impl Cloning {
         self.store
             .as_deref()
             .ok_or_else(|| ApiError::not_configured("voice_store_not_configured", NO_STORE))
+    }
+
+    /// Runs `f` on a blocking thread holding the one-change-at-a-time lock; the work itself holds
+    /// it, so a client that leaves mid-way cannot let the next change in early.
+    async fn exclusive<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let one = self.lock.clone().lock_owned().await;
+        blocking(move || {
+            let _one = one;
+            f()
+        })
+        .await
     }
 
     fn consents(&self) -> Result<ConsentStore, ApiError> {
@@ -359,12 +373,12 @@ pub(super) async fn create_consent(State(st): State<Arc<AppState>>, request: Req
         }
         let bytes = recording.bytes.clone();
         let ext = recording.extension().map(str::to_owned);
-        let one = st.cloning.lock.clone().lock_owned().await;
-        let c = blocking(move || {
-            let _one = one;
-            consents.create(&name, &tag, &bytes, ext.as_deref(), audio.duration_secs)
-        })
-        .await??;
+        let c = st
+            .cloning
+            .exclusive(move || {
+                consents.create(&name, &tag, &bytes, ext.as_deref(), audio.duration_secs)
+            })
+            .await??;
         tracing::info!(id = %c.id, name = %c.name, "consent recording kept");
         Ok(axum::Json(consent_object(&c)).into_response())
     })
@@ -434,12 +448,10 @@ pub(super) async fn update_consent(
         let form = read_form(&st, request, true, "name").await?;
         let consents = st.cloning.consents()?;
         let name = form.required("name", " (the new label)")?.to_owned();
-        let one = st.cloning.lock.clone().lock_owned().await;
-        let c = blocking(move || {
-            let _one = one;
-            consents.rename(&id, &name)
-        })
-        .await??;
+        let c = st
+            .cloning
+            .exclusive(move || consents.rename(&id, &name))
+            .await??;
         Ok(axum::Json(consent_object(&c)).into_response())
     })
     .await
@@ -452,12 +464,7 @@ pub(super) async fn delete_consent(
 ) -> Response {
     reply(async {
         let consents = st.cloning.consents()?;
-        let one = st.cloning.lock.clone().lock_owned().await;
-        let c = blocking(move || {
-            let _one = one;
-            consents.delete(&id)
-        })
-        .await??;
+        let c = st.cloning.exclusive(move || consents.delete(&id)).await??;
         Ok(
             axum::Json(json!({"id": c.id, "object": "audio.voice_consent", "deleted": true}))
                 .into_response(),
@@ -584,12 +591,10 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
             audio.duration_secs,
             consent.id
         );
-        let one = st.cloning.lock.clone().lock_owned().await;
         // Encoding takes the encoder's lock on a blocking thread: one clone encodes at a time.
         let st2 = st.clone();
         let consent_id = consent.id.clone();
-        let made = blocking(move || -> Result<(Voice, Vec<String>), ApiError> {
-            let _one = one;
+        let made = st.cloning.exclusive(move || -> Result<(Voice, Vec<String>), ApiError> {
             // Checked again under the lock: a voice of this name may have been made meanwhile.
             check_new_name(&st2, &spec.name)?;
             let Ok(encoder) = st2.cloning.encoder.as_ref() else {
@@ -712,21 +717,21 @@ pub(super) async fn delete_voice(
                 ),
             ));
         }
-        let one = st.cloning.lock.clone().lock_owned().await;
         let st2 = st.clone();
-        let voice = blocking(move || {
-            let _one = one;
-            st2.synth.uninstall_voice(&id, &store)
-        })
-        .await?
-        .map_err(|e| match e {
-            VoiceError::Unknown { .. } => ApiError::no_object("voice_not_found", e.to_string()),
-            VoiceError::NotRemovable { name, .. } => ApiError::forbidden(
-                "voice_not_removable",
-                format!("voice {name:?} was not created over HTTP; only those are deleted here"),
-            ),
-            other => ApiError::internal(other.to_string()),
-        })?;
+        let voice = st
+            .cloning
+            .exclusive(move || st2.synth.uninstall_voice(&id, &store))
+            .await?
+            .map_err(|e| match e {
+                VoiceError::Unknown { .. } => ApiError::no_object("voice_not_found", e.to_string()),
+                VoiceError::NotRemovable { name, .. } => ApiError::forbidden(
+                    "voice_not_removable",
+                    format!(
+                        "voice {name:?} was not created over HTTP; only those are deleted here"
+                    ),
+                ),
+                other => ApiError::internal(other.to_string()),
+            })?;
         let id = voice
             .custom
             .as_ref()
