@@ -72,6 +72,23 @@ fn log(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
+/// A check script's run (tests/python, tests/node): it must exit 0 with `checks` passed and none
+/// failed on its last line; otherwise panics with its output and the server's log.
+fn expect_all_pass(out: std::process::Output, what: &str, server_log: &Path, checks: usize) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log(server_log)
+    );
+    assert_eq!(
+        stdout.lines().last().unwrap_or(""),
+        format!("{checks} passed, 0 failed")
+    );
+}
+
 /// Kills the server if the test fails half-way.
 struct Reap(Option<Child>);
 impl Drop for Reap {
@@ -84,7 +101,9 @@ impl Drop for Reap {
 }
 
 /// Starts `onebit-tts serve` on a free loopback port with the API key set and `extra` flags;
-/// returns once /health answers 200 (bounded, failing at once if the server exits).
+/// returns once /health answers 200 (bounded, failing at once if the server exits). Voices it
+/// is asked to create go to `store/` beside `server_log` (ONEBIT_VOICE_STORE; a `--voice-store`
+/// in `extra` wins), never into the checkout's voices/custom/.
 fn start_server(model: &str, extra: &[&str], server_log: &Path) -> (Reap, SocketAddr) {
     let port = free_port();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -94,6 +113,7 @@ fn start_server(model: &str, extra: &[&str], server_log: &Path) -> (Reap, Socket
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args(extra)
         .env("ONEBIT_API_KEYS", KEY)
+        .env("ONEBIT_VOICE_STORE", server_log.with_file_name("store"))
         .current_dir(common::repo())
         .env_remove("ONEBIT_MODEL")
         .env_remove("ONEBIT_PORT")
@@ -199,12 +219,7 @@ fn the_openai_node_sdk_gets_valid_audio_with_a_key() {
     let modules = node_modules();
     let dir = common::tempdir("openai-node");
     let server_log = dir.join("server.log");
-    let store = dir.join("store");
-    let (_server, addr) = start_server(
-        "tiny",
-        &["--voice-store", store.to_str().unwrap()],
-        &server_log,
-    );
+    let (_server, addr) = start_server("tiny", &[], &server_log);
     let codes = common::expect("tiny")["test_voice_greedy_codes"]
         .as_u64()
         .unwrap();
@@ -220,16 +235,7 @@ fn the_openai_node_sdk_gets_valid_audio_with_a_key() {
         .env_remove("ALL_PROXY")
         .output()
         .expect("node runs (scripts/setup.sh checks that it is installed)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "openai_client.js failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        log(&server_log)
-    );
-    let summary = stdout.lines().last().unwrap_or("");
-    assert_eq!(summary, "12 passed, 0 failed");
+    expect_all_pass(out, "openai_client.js", &server_log, 12);
 }
 
 /// Resident memory of a process in bytes (`VmRSS` of /proc/PID/status).
@@ -373,15 +379,7 @@ fn wyoming_client(port: u16, server_log: &Path) {
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "wyoming_client.py failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        log(server_log)
-    );
-    assert_eq!(stdout.lines().last().unwrap_or(""), "8 passed, 0 failed");
+    expect_all_pass(out, "wyoming_client.py", server_log, 8);
 }
 
 #[test]
@@ -448,12 +446,7 @@ fn chromium() -> PathBuf {
 fn the_web_page_speaks_in_a_real_browser() {
     let dir = common::tempdir("web-page");
     let server_log = dir.join("server.log");
-    let store = dir.join("store");
-    let (_server, addr) = start_server(
-        "tiny",
-        &["--voice-store", store.to_str().unwrap()],
-        &server_log,
-    );
+    let (_server, addr) = start_server("tiny", &[], &server_log);
     let out = Command::new(python())
         .arg(common::repo().join("tests/python/web_page.py"))
         .args(["--url", &format!("http://{addr}/")])
@@ -462,15 +455,7 @@ fn the_web_page_speaks_in_a_real_browser() {
         .arg(chromium())
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "web_page.py failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        log(&server_log)
-    );
-    assert_eq!(stdout.lines().last().unwrap_or(""), "7 passed, 0 failed");
+    expect_all_pass(out, "web_page.py", &server_log, 7);
 }
 
 /// Runs one phase of tests/python/custom_voices.py; panics with both logs on a failure.
@@ -484,17 +469,11 @@ fn custom_voices(addr: SocketAddr, phase: &str, state: &Path, server_log: &Path,
         .env("OPENAI_API_KEY", KEY)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "custom_voices.py --phase {phase} failed:\n{stdout}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        log(server_log)
-    );
-    assert_eq!(
-        stdout.lines().last().unwrap_or(""),
-        format!("{checks} passed, 0 failed")
+    expect_all_pass(
+        out,
+        &format!("custom_voices.py --phase {phase}"),
+        server_log,
+        checks,
     );
 }
 

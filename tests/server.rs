@@ -258,6 +258,14 @@ fn body(extra: Value) -> Value {
     b
 }
 
+/// `GET path` as JSON (its status and text in the panic when it is not).
+async fn get_json(c: &Client, s: &Server, path: &str) -> Value {
+    let r = c.get(s.url(path)).send().await.unwrap();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {path}: {status} {e}: {text}"))
+}
+
 async fn speak(c: &Client, s: &Server, body: &Value) -> Response {
     c.post(s.url("/v1/audio/speech"))
         .json(body)
@@ -609,14 +617,7 @@ async fn openai_model_and_voice_names_speak_as_the_voices_they_map_to() {
     api_error(r, 404, None, Some("model_not_found")).await;
 
     // /v1/audio/voices shows the mapping both ways.
-    let v: Value = c
-        .get(s.url("/v1/audio/voices"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(&c, &s, "/v1/audio/voices").await;
     assert_eq!(v["aliases"]["alloy"], "jo");
     assert_eq!(v["aliases"]["verse"], "steven");
     assert_eq!(v["aliases"].as_object().unwrap().len(), 11);
@@ -676,14 +677,7 @@ async fn voices_models_health_and_metrics() {
     let s = Server::start(tiny(), config()).await;
     let c = client();
 
-    let v: Value = c
-        .get(s.url("/v1/audio/voices"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(&c, &s, "/v1/audio/voices").await;
     let test = v["voices"]
         .as_array()
         .unwrap()
@@ -693,14 +687,7 @@ async fn voices_models_health_and_metrics() {
     assert_eq!(test["language"], "en-us");
     assert!(test["reference_seconds"].as_f64().unwrap() > 0.0);
 
-    let m: Value = c
-        .get(s.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let m: Value = get_json(&c, &s, "/v1/models").await;
     assert_eq!(m["object"], "list");
     let ids: Vec<&str> = m["data"]
         .as_array()
@@ -2296,10 +2283,7 @@ async fn cloning_without_a_store_or_an_encoder_says_what_to_configure() {
     assert!(m.contains("--voice-store"), "{m}");
     let r = post_form(&c, &s, "/v1/audio/voice_consents", &consent_form).await;
     api_error(r, 501, None, Some("voice_store_not_configured")).await;
-    let r = c.get(s.url("/v1/audio/voices")).send().await.unwrap();
-    let status = r.status();
-    let text = r.text().await.unwrap();
-    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status} {e}: {text}"));
+    let v = get_json(&c, &s, "/v1/audio/voices").await;
     assert_eq!(v["cloning"]["available"], false, "{v}");
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"], json!([]));
@@ -2356,14 +2340,7 @@ async fn cloning_without_a_store_or_an_encoder_says_what_to_configure() {
     api_error(r, 400, Some("language"), Some("invalid_value")).await;
 
     // Listed, then deleted, then gone.
-    let list: Value = c
-        .get(s.url("/v1/audio/voice_consents"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: Value = get_json(&c, &s, "/v1/audio/voice_consents").await;
     assert_eq!(list["data"].as_array().unwrap().len(), 1, "{list}");
     assert_eq!(
         (&list["first_id"], &list["has_more"]),

@@ -29,11 +29,12 @@ import json
 import math
 import os
 import sys
-import traceback
 import wave
 
 import openai
 from openai import OpenAI
+
+from harness import Cases  # tests/python, this script's folder
 
 TRANSCRIPT = "A tone that sweeps up and down, for the test."
 
@@ -65,17 +66,8 @@ def main():
     args = ap.parse_args()
     key = os.environ.get("OPENAI_API_KEY") or "unused"
     client = OpenAI(base_url=args.base_url, api_key=key, max_retries=0, timeout=120)
-    results = []
-
-    def check(name, fn):
-        try:
-            detail = fn()
-            results.append(True)
-            print(f"PASS {name}" + (f" ({detail})" if detail else ""), flush=True)
-        except Exception:  # noqa: BLE001 - every failure is reported, then counted
-            results.append(False)
-            print(f"FAIL {name}", flush=True)
-            traceback.print_exc()
+    cases = Cases()
+    check = cases.check
 
     def speak(voice, seed=7):
         return client.audio.speech.create(
@@ -277,10 +269,7 @@ def main():
         check("the voice speaks after the restart", speaks_again)
         check("an alias names the cloned voice, which then cannot be deleted: 409", aliased)
 
-    passed = sum(results)
-    failed = len(results) - passed
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return cases.finish()
 
 
 if __name__ == "__main__":

@@ -24,11 +24,12 @@ import base64
 import json
 import os
 import sys
-import traceback
 import wave
 
 import openai
 from openai import OpenAI
+
+from harness import Cases  # tests/python, this script's folder
 
 TEXT = "Hello world, this is a test."
 RATE = 24_000
@@ -90,17 +91,8 @@ def main():
     # The server's key when it has one (OPENAI_API_KEY, as the SDK reads it), else any string.
     key = os.environ.get("OPENAI_API_KEY") or "unused"
     client = OpenAI(base_url=args.base_url, api_key=key, max_retries=0, timeout=120)
-    results = []
-
-    def check(name, fn):
-        try:
-            detail = fn()
-            results.append(True)
-            print(f"PASS {name}" + (f" ({detail})" if detail else ""), flush=True)
-        except Exception:  # noqa: BLE001 - every failure is reported, then counted
-            results.append(False)
-            print(f"FAIL {name}", flush=True)
-            traceback.print_exc()
+    cases = Cases()
+    check = cases.check
 
     def out(name):
         return os.path.join(args.out_dir, name)
@@ -255,10 +247,7 @@ def main():
     if os.environ.get("OPENAI_API_KEY"):
         check("a wrong API key gets AuthenticationError", wrong_key)
 
-    passed = sum(results)
-    failed = len(results) - passed
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return cases.finish()
 
 
 if __name__ == "__main__":

@@ -23,11 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import urllib.request
 import wave
 
 import websocket
+
+from harness import Cases  # tests/python, this script's folder
 
 TIMEOUT = 120
 
@@ -119,17 +120,8 @@ def main():
     ap.add_argument("--key", required=True)
     ap.add_argument("--chromium", required=True)
     args = ap.parse_args()
-    results = []
-
-    def check(name, fn):
-        try:
-            detail = fn()
-            results.append(True)
-            print(f"PASS {name}" + (f" ({detail})" if detail else ""), flush=True)
-        except Exception:  # noqa: BLE001 - every failure is reported, then counted
-            results.append(False)
-            print(f"FAIL {name}", flush=True)
-            traceback.print_exc()
+    cases = Cases()
+    check = cases.check
 
     b = Browser(args.chromium, args.url)
     try:
@@ -230,10 +222,7 @@ def main():
         check("a wrong key shows the server's error", wrong_key)
     finally:
         b.close()
-    passed = sum(results)
-    failed = len(results) - passed
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return cases.finish()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import array
 import asyncio
 import math
 import sys
-import traceback
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
@@ -35,6 +34,8 @@ from wyoming.tts import (
     SynthesizeStopped,
     SynthesizeVoice,
 )
+
+from harness import Cases  # tests/python, this script's folder
 
 RATE = 24_000
 SAMPLES_PER_CODE = 480
@@ -82,17 +83,8 @@ async def connect(args):
 
 
 async def main_async(args):
-    results = []
-
-    async def check(name, fn):
-        try:
-            detail = await fn()
-            results.append(True)
-            print(f"PASS {name}" + (f" ({detail})" if detail else ""), flush=True)
-        except Exception:  # noqa: BLE001 - every failure is reported, then counted
-            results.append(False)
-            print(f"FAIL {name}", flush=True)
-            traceback.print_exc()
+    cases = Cases()
+    check = cases.check_async
 
     async def describe():
         client = await connect(args)
@@ -187,10 +179,7 @@ async def main_async(args):
     await check("three clients at once", three_at_once)
     await check("bad events get error events and the connection goes on", bad_events)
 
-    passed = sum(results)
-    failed = len(results) - passed
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return cases.finish()
 
 
 def main():
