@@ -9,6 +9,11 @@
 #                         long prompt
 #   models/tiny-static-f16  the same with float16 KV and logits, last-position logits and an
 #                         int32 attention mask
+#   models/tiny-random-exact  models/tiny-random's weights with MatMulNBits computing in float32
+#                         (accuracy level 0): the reference the llama engine's logits follow
+#   models/tiny-gguf      GGUF packages of models/tiny and models/tiny-random for --engine llama:
+#   models/tiny-random-gguf  tools/onnx_to_gguf.py with every weight float32 (the int4 blocks
+#                         dequantised exactly), beside the source's tokenizer, configs and codec
 # and the test voice voices/test.json.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,3 +27,12 @@ cd "$root"
 "$py" tools/gen_models.py --out models/tiny-static --variant chain --kv-len 512
 "$py" tools/gen_models.py --out models/tiny-static-f16 --variant chain --kv-len 512 \
   --kv-dtype float16 --last-logits --mask-dtype int32
+"$py" tools/gen_models.py --out models/tiny-random-exact --variant random --accuracy-level 0
+for src in tiny tiny-random; do
+  out="models/$src-gguf"
+  rm -rf "$out.partial" && mkdir -p "$out.partial"
+  "$py" tools/onnx_to_gguf.py "models/$src" --weights f32 --token-embd f32 --out "$out.partial/model-f32.gguf"
+  cp "models/$src/tokenizer.json" "models/$src/tokenizer_config.json" "models/$src/config.json" "$out.partial/"
+  cp -r "models/$src/codec" "$out.partial/codec"
+  rm -rf "$out" && mv "$out.partial" "$out"
+done

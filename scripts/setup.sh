@@ -26,6 +26,8 @@ py="${PYTHON:-python3}"
 #   python3-venv     `python3 -m venv` with pip (ensurepip) for .onebit/venv
 #   nodejs, npm      the OpenAI Node SDK's test against the server
 #   chromium-headless-shell  the web page's test in a real browser
+#   libclang-dev     bindgen's libclang, for llama-cpp-sys-2 (the llama engine's bundled llama.cpp,
+#                    which cmake and the C++ compiler of build-essential build)
 command -v "$py" >/dev/null || { echo "setup: $py (Python 3) is required" >&2; exit 1; }
 missing=()
 { command -v cc >/dev/null && command -v make >/dev/null; } || missing+=(build-essential)
@@ -34,13 +36,22 @@ command -v cmake >/dev/null || missing+=(cmake)
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
 command -v chromium-headless-shell >/dev/null || missing+=(chromium-headless-shell)
+has_libclang() {  # plain bash: the check runs with a minimal PATH too
+  local f
+  for f in ${LIBCLANG_PATH:+"$LIBCLANG_PATH"/libclang*.so*} /usr/lib/llvm-*/lib/libclang.so* \
+    /usr/lib/*/libclang.so* /usr/lib/*/libclang-[0-9]*.so*; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
+}
+has_libclang || missing+=(libclang-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && [ "${ONEBIT_SETUP_INSTALL:-1}" != 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing the build's system packages: ${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   else
-    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test, chromium-headless-shell the web page test)" >&2
+    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test, chromium-headless-shell the web page test, libclang-dev the llama engine's bindings)" >&2
     if command -v apt-get >/dev/null; then
       echo "setup: installing them needs root; run:  sudo apt-get install -y ${missing[*]}  and then this script again" >&2
     else
@@ -49,7 +60,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
 fi
-echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm, chromium-headless-shell)"
+echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm, chromium-headless-shell, libclang)"
 [ "${1:-}" = --prereqs-only ] && exit 0
 mkdir -p "$home"
 

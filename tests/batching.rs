@@ -66,74 +66,6 @@ fn scheduler(model: &str, kv: KvMode, max_batch: usize) -> (ModelPackage, Schedu
     (pkg, s)
 }
 
-/// Runs the jobs through `s` from one thread each. Job `i + 1` is submitted once job `i` has
-/// seen `stagger` codes, so sequences join at different steps; `stop_at[i]` makes job `i`'s
-/// sink ask to stop after that many codes.
-fn together(
-    s: &Scheduler,
-    jobs: &[(Vec<u32>, GenerationParams)],
-    stagger: usize,
-    stop_at: &[Option<usize>],
-) -> Vec<Generation> {
-    let n = jobs.len();
-    let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel::<()>()).unzip();
-    let mut rxs: Vec<Option<mpsc::Receiver<()>>> = rxs.into_iter().map(Some).collect();
-    let start = Barrier::new(n);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = jobs
-            .iter()
-            .enumerate()
-            .map(|(i, (prompt, params))| {
-                let go = rxs[i].take().unwrap();
-                let next = txs.get(i + 1).cloned();
-                let start = &start;
-                let stop = stop_at.get(i).copied().flatten();
-                scope.spawn(move || {
-                    start.wait();
-                    if i > 0 {
-                        go.recv().unwrap();
-                    }
-                    let mut seen = 0;
-                    let mut next = next;
-                    let g = s.generate(prompt, params, &CancelToken::new(), &mut |_| {
-                        seen += 1;
-                        if seen == stagger
-                            && let Some(tx) = next.take()
-                        {
-                            tx.send(()).unwrap();
-                        }
-                        if stop == Some(seen) {
-                            ControlFlow::Break(())
-                        } else {
-                            ControlFlow::Continue(())
-                        }
-                    });
-                    // A job that ended before its stagger point still lets the next one go.
-                    if let Some(tx) = next.take() {
-                        tx.send(()).unwrap();
-                    }
-                    g.unwrap()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-fn assert_same(got: &[Generation], want: &[Generation]) {
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.stop, w.stop, "job {i}");
-        assert_eq!(g.seed, w.seed, "job {i}");
-        let diverge = g.codes.iter().zip(&w.codes).position(|(a, b)| a != b);
-        assert!(
-            g.codes == w.codes,
-            "job {i}: {} codes batched vs {} alone, first difference at {diverge:?}",
-            g.codes.len(),
-            w.codes.len()
-        );
-    }
-}
-
 #[test]
 fn seeded_sequences_make_the_same_codes_alone_and_in_batches_of_1_2_and_4() {
     // The chain package: its codes follow from the right slot, position and mask with margins no
@@ -156,8 +88,8 @@ fn seeded_sequences_make_the_same_codes_alone_and_in_batches_of_1_2_and_4() {
     for n in [1, 2, 4] {
         let (_, s) = scheduler("tiny", KvMode::Shared, 4);
         assert_eq!(s.max_batch(), 4);
-        let got = together(&s, &jobs[..n], 20, &[]);
-        assert_same(&got, &want[..n]);
+        let got = common::together(&s, &jobs[..n], 20, &[]);
+        common::assert_same(&got, &want[..n]);
         assert_eq!(
             s.stats().peak_batch.load(Ordering::Relaxed),
             n,
@@ -198,8 +130,8 @@ fn greedy_chain_codes_are_exact_in_a_batch_with_end_tokens_and_a_full_queue() {
         "some sequences end with the end token"
     );
     let (_, s) = scheduler("tiny", KvMode::Shared, 3);
-    let got = together(&s, &jobs, 5, &[]);
-    assert_same(&got, &want);
+    let got = common::together(&s, &jobs, 5, &[]);
+    common::assert_same(&got, &want);
     assert_eq!(s.stats().peak_batch.load(Ordering::Relaxed), 3);
 }
 
@@ -227,7 +159,7 @@ fn sequences_that_end_during_a_chunked_prefill_leave_it_intact() {
         .into_iter()
         .map(|p| p.wait(&mut |_| ControlFlow::Continue(())).unwrap())
         .collect();
-    assert_same(&got, &want);
+    common::assert_same(&got, &want);
     assert!(s.stats().peak_batch.load(Ordering::Relaxed) >= 2);
 }
 
@@ -242,12 +174,12 @@ fn a_stopped_sequence_leaves_the_batch_and_the_others_go_on_unchanged() {
     let want = alone("tiny", &jobs);
     let (_, s) = scheduler("tiny", KvMode::Shared, 4);
     // Job 1 stops after 60 codes, job 0 (the first, in slot 0) after 150: the slots move.
-    let got = together(&s, &jobs, 10, &[Some(150), Some(60), None, None]);
+    let got = common::together(&s, &jobs, 10, &[Some(150), Some(60), None, None]);
     for (i, stop) in [(0, 150), (1, 60)] {
         assert_eq!(got[i].stop, StopReason::Cancelled, "job {i}");
         assert_eq!(got[i].codes, want[i].codes[..stop], "job {i}");
     }
-    assert_same(&got[2..], &want[2..]);
+    common::assert_same(&got[2..], &want[2..]);
 
     // The request's own cancel token (client gone): the job ends within a step, the others go on.
     let cancel = CancelToken::new();
@@ -283,7 +215,7 @@ fn a_stopped_sequence_leaves_the_batch_and_the_others_go_on_unchanged() {
         assert_eq!(a.stop, StopReason::Cancelled);
         assert!(a.codes.len() < 700);
         assert_eq!(a.codes, want[0].codes[..a.codes.len()]);
-        assert_same(&[b.join().unwrap()], &want[2..3]);
+        common::assert_same(&[b.join().unwrap()], &want[2..3]);
     });
 }
 
@@ -303,8 +235,8 @@ fn graphs_that_fix_their_batch_and_growing_kv_run_one_at_a_time_with_the_same_co
             .iter()
             .map(|(p, g)| common::generate_all(&mut b, &c, p, g))
             .collect();
-        let got = together(&s, &jobs, 5, &[]);
-        assert_same(&got, &want);
+        let got = common::together(&s, &jobs, 5, &[]);
+        common::assert_same(&got, &want);
         assert!(s.stats().peak_batch.load(Ordering::Relaxed) <= 1);
     }
 }
@@ -342,7 +274,7 @@ fn refused_prompts_fail_alone_without_disturbing_the_batch() {
             })
             .unwrap_err();
         assert!(matches!(err.error, engine::EngineError::Sampling(_)));
-        assert_same(&[good.join().unwrap()], &want);
+        common::assert_same(&[good.join().unwrap()], &want);
     });
 }
 

@@ -1326,6 +1326,7 @@ def write_voice(path):
 
 
 def main(argv=None):
+    global ACCURACY_LEVEL
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="output directory for the model package")
     ap.add_argument("--variant", choices=["chain", "random", "textbias"], default="chain")
@@ -1349,7 +1350,12 @@ def main(argv=None):
                     help="project the last position only: logits [B, 1, V]")
     ap.add_argument("--mask-dtype", choices=["int64", "int32"], default="int64",
                     help="attention_mask element type")
+    ap.add_argument("--accuracy-level", type=int, choices=[0, 1, 2, 3, 4], default=ACCURACY_LEVEL,
+                    help="MatMulNBits accuracy_level (default %d, the builder's CPU default: int8 "
+                         "activations); 0 computes in float32, a reference for other engines' parity"
+                         % ACCURACY_LEVEL)
     a = ap.parse_args(argv)
+    ACCURACY_LEVEL = a.accuracy_level
     if a.kv_len is not None and a.kv_len < 2:
         ap.error("--kv-len must be at least 2")
     if not a.out and not a.voice_out and not a.encoder_out:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convert an onnxruntime-genai Qwen2 int4 package to a Q4_0 GGUF for llama.cpp.
 
-    python tools/onnx_to_gguf.py PACKAGE_DIR [--out FILE] [--token-embd q4_0|q8_0|f16|f32]
+    python tools/onnx_to_gguf.py PACKAGE_DIR [--out FILE] [--token-embd q4_0|q8_0|f16|f32] [--weights q4_0|f32]
 
 Reads the package as onnxruntime-genai's model builder writes it for int4 CPU (and as
 tools/gen_models.py generates it): model.onnx (+ external data), config.json (HF),
@@ -236,7 +236,7 @@ def special_ids(pkg, ids):
     return bos, eos, pad, bool(tcfg.get("add_bos_token", False))
 
 
-def convert(pkg, out, embd="q4_0", log=print):
+def convert(pkg, out, embd="q4_0", log=print, weights="q4_0"):
     pkg = os.path.abspath(pkg)
     genai = load_json(os.path.join(pkg, "genai_config.json"))["model"]
     cfg = load_json(os.path.join(pkg, "config.json"))
@@ -264,7 +264,7 @@ def convert(pkg, out, embd="q4_0", log=print):
     w.add_head_count_kv(nkv)
     w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
     w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if weights == "f32" else gguf.LlamaFileType.MOSTLY_Q4_0)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
     # --- embedding
@@ -279,6 +279,11 @@ def convert(pkg, out, embd="q4_0", log=print):
     stats = {"rel": 0.0, "tiny": 0, "blocks": 0}
 
     def add_q(name, q, s):
+        if weights == "f32":
+            # (q - 8) * scale in float32 is exactly the weight MatMulNBits computes with
+            n, nb, _ = q.shape
+            w.add_tensor(name, ((q.astype(np.float32) - 8.0) * s[:, :, None]).reshape(n, nb * QK))
+            return
         # float16 d: relative change <= 2^-11 in float16's normal range; scales below it (2^-14)
         # lose bits or flush to 0 (counted; such blocks hold values below 1e-4 anyway)
         d16 = s.astype(np.float16).astype(np.float32)
@@ -353,6 +358,10 @@ def convert(pkg, out, embd="q4_0", log=print):
     w.write_tensors_to_file()
     w.close()
     os.replace(tmp, out)
+    if weights == "f32":
+        log("wrote %s: qwen2, %d layers, vocab %d, token_embd %s, other 2-D weights float32 (the int4 blocks "
+            "dequantised exactly), %.1f MiB" % (out, nl, n_vocab, embd.upper(), os.path.getsize(out) / 2**20))
+        return stats
     log("wrote %s: qwen2, %d layers, vocab %d, token_embd %s, other 2-D weights Q4_0 from the int4 blocks "
         "(float16 scales: largest relative change %.1e; %d of %d blocks with a nonzero scale below 2^-14), %.1f MiB"
         % (out, nl, n_vocab, embd.upper(), stats["rel"], stats["tiny"], stats["blocks"], os.path.getsize(out) / 2**20))
@@ -365,11 +374,19 @@ def main(argv=None):
     ap.add_argument("--out", help="GGUF to write (default: PACKAGE-q4_0.gguf beside the package)")
     ap.add_argument("--token-embd", choices=sorted(EMBD_TYPES), default="q4_0",
                     help="type of token_embd (default q4_0, as llama-quantize --pure Q4_0)")
+    ap.add_argument("--weights", choices=["q4_0", "f32"], default="q4_0",
+                    help="type of the other 2-D weights: q4_0 (default, the int4 blocks as they are) or f32 "
+                         "(dequantised exactly; with --token-embd f32 a GGUF whose logits follow the ONNX "
+                         "package's up to float rounding, for parity tests)")
     a = ap.parse_args(argv)
-    out = a.out or os.path.abspath(a.package).rstrip("/") + ("-q4_0.gguf" if a.token_embd == "q4_0"
-                                                               else "-q4_0-embd-%s.gguf" % a.token_embd)
+    base = os.path.abspath(a.package).rstrip("/")
+    if a.weights == "f32":
+        default = base + "-f32.gguf" if a.token_embd == "f32" else base + "-f32-embd-%s.gguf" % a.token_embd
+    else:
+        default = base + ("-q4_0.gguf" if a.token_embd == "q4_0" else "-q4_0-embd-%s.gguf" % a.token_embd)
+    out = a.out or default
     try:
-        convert(a.package, out, a.token_embd)
+        convert(a.package, out, a.token_embd, weights=a.weights)
     except (ConvertError, FileNotFoundError, KeyError) as e:
         print("error: %s" % e, file=sys.stderr)
         return 1

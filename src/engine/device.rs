@@ -1,4 +1,5 @@
-//! Where the backbone runs: the CPU, CUDA, or the AMD NPU through the RyzenAI provider, and how
+//! Where the backbone runs: the CPU, CUDA, or the AMD NPU through the RyzenAI provider (ONNX
+//! packages), or the CPU, Vulkan, ROCm or CUDA through llama.cpp (GGUF packages), and how
 //! `--device auto` chooses.
 
 use std::fmt;
@@ -22,6 +23,10 @@ pub enum Device {
     /// AMD's RyzenAI provider; always in a worker child (its environment must be set before the
     /// process starts).
     Npu,
+    /// llama.cpp's Vulkan backend (`--engine llama`; the Strix Halo iGPU's route).
+    Vulkan,
+    /// llama.cpp's ROCm (HIP) backend (`--engine llama`).
+    Rocm,
 }
 
 impl Device {
@@ -30,6 +35,8 @@ impl Device {
             Device::Cpu => "cpu",
             Device::Cuda => "cuda",
             Device::Npu => "npu",
+            Device::Vulkan => "vulkan",
+            Device::Rocm => "rocm",
         }
     }
 }
@@ -57,8 +64,10 @@ impl std::str::FromStr for DeviceChoice {
             "cpu" => Ok(Self::Exactly(Device::Cpu)),
             "cuda" => Ok(Self::Exactly(Device::Cuda)),
             "npu" => Ok(Self::Exactly(Device::Npu)),
+            "vulkan" => Ok(Self::Exactly(Device::Vulkan)),
+            "rocm" => Ok(Self::Exactly(Device::Rocm)),
             _ => Err(format!(
-                "unknown device {s:?} (supported: auto, cpu, cuda, npu)"
+                "unknown device {s:?} (supported: auto, cpu, cuda, npu; with --engine llama: cpu, vulkan, rocm, cuda)"
             )),
         }
     }
@@ -153,6 +162,9 @@ pub(crate) fn attach(
                 None,
             ))
         }
+        Device::Vulkan | Device::Rocm => Err(EngineError::Device(format!(
+            "--device {device} is a llama.cpp backend: it runs GGUF packages with --engine llama (docs/models.md)"
+        ))),
         Device::Npu => {
             let (builder, setup) = super::ryzenai::attach(builder, env, pkg, npu_strict)?;
             Ok((
@@ -170,7 +182,7 @@ mod tests {
 
     #[test]
     fn parse_and_show() {
-        for s in ["auto", "cpu", "cuda", "npu"] {
+        for s in ["auto", "cpu", "cuda", "npu", "vulkan", "rocm"] {
             assert_eq!(s.parse::<DeviceChoice>().expect(s).to_string(), s);
         }
         assert!("gpu".parse::<DeviceChoice>().is_err());

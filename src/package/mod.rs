@@ -5,6 +5,7 @@
 //! codec's rates (and with them the real-time line).
 
 pub mod genai;
+pub mod gguf;
 pub mod logits;
 pub mod optimize;
 pub mod vocab;
@@ -71,6 +72,16 @@ pub enum PackageError {
     Invalid { path: PathBuf, msg: String },
     #[error("{}: {err}", .path.display())]
     Vocab { path: PathBuf, err: VocabError },
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+}
+
+/// What form the backbone takes: an ONNX graph with genai_config.json (the ort and oga engines),
+/// or one GGUF file (the llama engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackboneFormat {
+    Onnx,
+    Gguf,
 }
 
 /// The codec package: NeuCodec decoder (and optional encoder) ONNX files.
@@ -156,8 +167,11 @@ impl CodecPackage {
 #[derive(Debug, Clone)]
 pub struct ModelPackage {
     pub dir: PathBuf,
+    /// The model's facts: genai_config.json, or for a GGUF backbone what the GGUF states.
     pub genai: GenaiConfig,
+    /// The backbone file: the decoder ONNX graph, or the GGUF.
     pub decoder_path: PathBuf,
+    pub format: BackboneFormat,
     pub tokenizer: Tokenizer,
     pub vocab: SpeechVocab,
     /// Stop ids: `<|SPEECH_GENERATION_END|>` first, then the config's eos ids.
@@ -173,6 +187,8 @@ pub struct ModelPackage {
 struct HfConfig {
     #[serde(default)]
     neuphonic: Option<NeuphonicSection>,
+    #[serde(default)]
+    eos_token_id: genai::TokenIds,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -256,14 +272,44 @@ pub fn codec_dir_of(package_dir: &Path, given: Option<&Path>) -> PathBuf {
 
 impl ModelPackage {
     /// Loads the package in `dir`; the codec package is `codec_dir` or `dir/codec`.
+    /// A directory without genai_config.json whose backbone is a `*.gguf` file is a GGUF package.
     pub fn load(dir: &Path, codec_dir: Option<&Path>) -> Result<Self, PackageError> {
-        let BackbonePackage {
-            dir: _,
-            genai,
-            decoder_path,
-            logits,
-        } = BackbonePackage::load(dir)?;
-        let config_path = dir.join("genai_config.json");
+        let gguf = if dir.is_dir() && !dir.join("genai_config.json").exists() {
+            gguf::find_in(dir).map_err(|e| PackageError::Invalid {
+                path: dir.to_path_buf(),
+                msg: format!("cannot list: {e}"),
+            })?
+        } else {
+            None
+        };
+        let (format, genai, decoder_path, logits, gguf_model) = match gguf {
+            Some(path) => {
+                let model = gguf::GgufModel::read(&path)?;
+                let genai = model.model_facts()?;
+                (
+                    BackboneFormat::Gguf,
+                    genai,
+                    path,
+                    LogitsManifest::default(),
+                    Some(model),
+                )
+            }
+            None => {
+                let b = BackbonePackage::load(dir)?;
+                (
+                    BackboneFormat::Onnx,
+                    b.genai,
+                    b.decoder_path,
+                    b.logits,
+                    None,
+                )
+            }
+        };
+        let config_path = if format == BackboneFormat::Gguf {
+            decoder_path.clone()
+        } else {
+            dir.join("genai_config.json")
+        };
 
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.is_file() {
@@ -280,6 +326,9 @@ impl ModelPackage {
             path: tok_path.clone(),
             err,
         })?;
+        if let Some(model) = &gguf_model {
+            model.check_speech_vocab(&vocab)?;
+        }
         let tok_size = tokenizer.get_vocab_size(true);
         if genai.model.vocab_size < tok_size
             || (vocab.speech_end_exclusive() as usize) > genai.model.vocab_size
@@ -294,8 +343,30 @@ impl ModelPackage {
             });
         }
 
+        let hf_path = dir.join("config.json");
+        let hf: HfConfig = if hf_path.exists() {
+            read_json(&hf_path, "config.json")?
+        } else {
+            HfConfig::default()
+        };
+        let input_format = {
+            match hf.neuphonic.as_ref().and_then(|n| n.input_format.clone()) {
+                Some(f) => f.parse().map_err(|e: String| PackageError::Invalid {
+                    path: hf_path.clone(),
+                    msg: format!("neuphonic.input_format: {e}"),
+                })?,
+                None => InputFormat::Phonemes,
+            }
+        };
+
         let mut stop_ids = vec![vocab.end];
-        for id in genai.model.eos_token_id.to_vec() {
+        // A GGUF names one eos id; the checkpoint's config.json may name more (onnxruntime-genai's
+        // builder puts both in genai_config.json, so an ONNX package stops at the same ids).
+        let hf_eos = match format {
+            BackboneFormat::Gguf => hf.eos_token_id.to_vec(),
+            BackboneFormat::Onnx => Vec::new(),
+        };
+        for id in genai.model.eos_token_id.to_vec().into_iter().chain(hf_eos) {
             if !stop_ids.contains(&id) {
                 stop_ids.push(id);
             }
@@ -322,25 +393,12 @@ impl ModelPackage {
             }
         }
 
-        let hf_path = dir.join("config.json");
-        let input_format = if hf_path.exists() {
-            let hf: HfConfig = read_json(&hf_path, "config.json")?;
-            match hf.neuphonic.and_then(|n| n.input_format) {
-                Some(f) => f.parse().map_err(|e: String| PackageError::Invalid {
-                    path: hf_path.clone(),
-                    msg: format!("neuphonic.input_format: {e}"),
-                })?,
-                None => InputFormat::Phonemes,
-            }
-        } else {
-            InputFormat::Phonemes
-        };
-
         let codec = CodecPackage::load(&codec_dir_of(dir, codec_dir))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             genai,
             decoder_path,
+            format,
             tokenizer,
             vocab,
             stop_ids,
@@ -401,7 +459,9 @@ impl ModelPackage {
             self.vocab.end,
             self.stop_ids,
             self.input_format,
-            if providers.is_empty() {
+            if self.format == BackboneFormat::Gguf {
+                "llama.cpp (a GGUF backbone: --engine llama)".to_owned()
+            } else if providers.is_empty() {
                 "cpu (none declared)".to_owned()
             } else {
                 providers.join(", ")

@@ -161,6 +161,9 @@ fn read_model(path: &Path) -> Result<ModelProto, OptimizeError> {
 /// against the package's logits manifest; `Err` when they disagree. A head this module cannot
 /// read is only a note for a package that was never optimized (nothing depends on it then).
 pub fn check_head(pkg: &super::ModelPackage) -> Result<String, OptimizeError> {
+    if pkg.format == super::BackboneFormat::Gguf {
+        return Ok("GGUF: llama.cpp computes the logits of the positions asked for".into());
+    }
     let logits = &pkg.genai.model.decoder.outputs.logits;
     match inspect(&pkg.decoder_path, logits) {
         Ok(head) => {
@@ -636,6 +639,13 @@ pub fn optimize(src: &Path, dst: &Path, levers: Levers) -> Result<OptimizeReport
         ));
     }
     let pkg = ModelPackage::load(src, None)?;
+    if pkg.format == super::BackboneFormat::Gguf {
+        return Err(OptimizeError::Usage(format!(
+            "{} is a GGUF package: `models optimize` edits ONNX graphs, and llama.cpp already \
+             computes only the logits asked for",
+            src.display()
+        )));
+    }
     if pkg.logits.is_optimized() {
         return Err(OptimizeError::Usage(format!(
             "{} is already optimized ({}: {}); optimize the original package",

@@ -10,7 +10,7 @@ use crate::engine::{
     SchedulerOptions, WorkerConfig, WorkerEngine, WorkerTimeouts,
 };
 use crate::npu::Residency;
-use crate::package::{CodecPackage, ModelPackage};
+use crate::package::{BackboneFormat, CodecPackage, ModelPackage};
 
 /// How to build a [`Synthesizer`].
 #[derive(Debug, Clone, Default)]
@@ -27,6 +27,8 @@ pub struct SynthConfig {
     pub engine: EngineKind,
     /// The oga engine's library and settings; its threads and KV mode default to `ort`'s.
     pub oga: OgaOptions,
+    /// The llama engine's attention (`--llama-attention`).
+    pub llama_attention: engine::LlamaAttention,
     /// Where the backbone runs (`--device`); `ort.device` is replaced by what this resolves to.
     pub device: DeviceChoice,
     /// Run the backbone in a worker child whatever the device (the NPU always is).
@@ -65,21 +67,39 @@ impl SynthConfig {
     }
 }
 
-/// The backbone's generation loop: our own over ONNX Runtime (default), or onnxruntime-genai's.
+/// The backbone's generation loop: our own over ONNX Runtime, onnxruntime-genai's, or our own
+/// over llama.cpp; `auto` picks by the package's backbone (ONNX: ort, GGUF: llama).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EngineKind {
     #[default]
+    Auto,
     Ort,
     Oga,
+    Llama,
+}
+
+impl EngineKind {
+    /// The engine that runs a package of this format.
+    pub fn resolve(self, format: BackboneFormat) -> Self {
+        match (self, format) {
+            (Self::Auto, BackboneFormat::Onnx) => Self::Ort,
+            (Self::Auto, BackboneFormat::Gguf) => Self::Llama,
+            (kind, _) => kind,
+        }
+    }
 }
 
 impl std::str::FromStr for EngineKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(Self::Auto),
             "ort" => Ok(Self::Ort),
             "oga" => Ok(Self::Oga),
-            _ => Err(format!("unknown engine {s:?} (supported: ort, oga)")),
+            "llama" => Ok(Self::Llama),
+            _ => Err(format!(
+                "unknown engine {s:?} (supported: auto, ort, oga, llama)"
+            )),
         }
     }
 }
@@ -89,6 +109,17 @@ impl std::str::FromStr for EngineKind {
 /// `isolate`). On the NPU the worker's residency gate applies to this load and every respawn:
 /// only a proven residency serves, unless `allow_cpu_fallback` (never with `require_npu`).
 pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engine>, crate::Error> {
+    match cfg.engine.resolve(pkg.format) {
+        EngineKind::Llama => return load_llama(cfg, pkg),
+        _ if pkg.format == BackboneFormat::Gguf => {
+            return Err(EngineError::Params(format!(
+                "{} is a GGUF package: it runs with --engine llama (or --engine auto)",
+                pkg.dir.display()
+            ))
+            .into());
+        }
+        _ => {}
+    }
     let declared = pkg.genai.model.decoder.session_options.declares_ryzenai();
     let root = crate::native::env_path(crate::npu::env::RYZENAI_ROOT_VAR);
     let decision = device::resolve(cfg.device, declared, root.as_deref());
@@ -133,6 +164,45 @@ pub fn load_engine(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engi
             Ok(Box::new(LocalEngine(Box::new(backbone))))
         }
     }
+}
+
+/// The llama.cpp engine over a GGUF package, in this process. `--device auto` is the first GPU
+/// the build's backends see, else the CPU; where the layers went is what llama.cpp reports.
+#[cfg(feature = "llama")]
+fn load_llama(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engine>, crate::Error> {
+    if cfg.isolate || cfg.require_npu {
+        return Err(EngineError::Params(
+            "--engine llama runs in this process on the CPU or a GPU; --isolate and --require-npu are for ONNX packages"
+                .into(),
+        )
+        .into());
+    }
+    let device = match cfg.device {
+        DeviceChoice::Exactly(d) => d,
+        DeviceChoice::Auto => engine::llama::first_gpu().unwrap_or(Device::Cpu),
+    };
+    let plan =
+        crate::runtime::ThreadPlan::for_process(cfg.ort.threads, cfg.ort.intra_threads, None);
+    let threads = plan
+        .intra_threads
+        .unwrap_or_else(|| crate::runtime::CpuTopology::detect().physical_cores());
+    let opts = engine::LlamaOptions {
+        threads,
+        device,
+        max_batch: cfg.scheduler.max_batch,
+        attention: cfg.llama_attention,
+    };
+    let backbone = engine::LlamaBackbone::load(pkg, &opts)?;
+    Ok(Box::new(LocalEngine(Box::new(backbone))))
+}
+
+#[cfg(not(feature = "llama"))]
+fn load_llama(_: &SynthConfig, _: &ModelPackage) -> Result<Box<dyn Engine>, crate::Error> {
+    Err(EngineError::Params(
+        "--engine llama: this build has no llama.cpp (built without the `llama` cargo feature)"
+            .into(),
+    )
+    .into())
 }
 
 /// The worker a config starts for a backbone on `device`: the production settings

@@ -512,3 +512,81 @@ pub fn npu_package(dir: &Path, session_options: serde_json::Value) -> PathBuf {
     .unwrap();
     pkg.canonicalize().unwrap()
 }
+
+// ---- Continuous batching helpers shared by the batching and llama engine tests. ----
+
+/// Runs the jobs through `s` from one thread each. Job `i + 1` is submitted once job `i` has
+/// seen `stagger` codes, so sequences join at different steps; `stop_at[i]` makes job `i`'s
+/// sink ask to stop after that many codes.
+pub fn together(
+    s: &onebit_tts::engine::Scheduler,
+    jobs: &[(Vec<u32>, onebit_tts::engine::GenerationParams)],
+    stagger: usize,
+    stop_at: &[Option<usize>],
+) -> Vec<onebit_tts::engine::Generation> {
+    let n = jobs.len();
+    let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| std::sync::mpsc::channel::<()>()).unzip();
+    let mut rxs: Vec<Option<std::sync::mpsc::Receiver<()>>> = rxs.into_iter().map(Some).collect();
+    let start = std::sync::Barrier::new(n);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, (prompt, params))| {
+                let go = rxs[i].take().unwrap();
+                let next = txs.get(i + 1).cloned();
+                let start = &start;
+                let stop = stop_at.get(i).copied().flatten();
+                scope.spawn(move || {
+                    start.wait();
+                    if i > 0 {
+                        go.recv().unwrap();
+                    }
+                    let mut seen = 0;
+                    let mut next = next;
+                    let g = s.generate(
+                        prompt,
+                        params,
+                        &onebit_tts::engine::CancelToken::new(),
+                        &mut |_| {
+                            seen += 1;
+                            if seen == stagger
+                                && let Some(tx) = next.take()
+                            {
+                                tx.send(()).unwrap();
+                            }
+                            if stop == Some(seen) {
+                                std::ops::ControlFlow::Break(())
+                            } else {
+                                std::ops::ControlFlow::Continue(())
+                            }
+                        },
+                    );
+                    // A job that ended before its stagger point still lets the next one go.
+                    if let Some(tx) = next.take() {
+                        tx.send(()).unwrap();
+                    }
+                    g.unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+pub fn assert_same(
+    got: &[onebit_tts::engine::Generation],
+    want: &[onebit_tts::engine::Generation],
+) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.stop, w.stop, "job {i}");
+        assert_eq!(g.seed, w.seed, "job {i}");
+        let diverge = g.codes.iter().zip(&w.codes).position(|(a, b)| a != b);
+        assert!(
+            g.codes == w.codes,
+            "job {i}: {} codes batched vs {} alone, first difference at {diverge:?}",
+            g.codes.len(),
+            w.codes.len()
+        );
+    }
+}

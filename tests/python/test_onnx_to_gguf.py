@@ -329,6 +329,39 @@ def main():
             check("%s external: --token-embd q8_0" % tag,
                   t8 is not None and t8.tensor_type == gguf.GGMLQuantizationType.Q8_0)
 
+        def float32():
+            # --weights f32: every MatMulNBits weight dequantised exactly (float32 scales kept)
+            out = os.path.join(work, tag + "-f32.gguf")
+            p = convert(pkg, out, "--weights", "f32", "--token-embd", "f32")
+            check("%s: --weights f32 converts" % tag, p.returncode == 0, p.stdout + p.stderr)
+            r = gguf.GGUFReader(out)
+            T = tensors(r)
+            _, inits = onnx_inits(os.path.join(pkg, "model.onnx"))
+            d = load_json(os.path.join(pkg, "genai_config.json"))["model"]["decoder"]
+            inter = load_json(os.path.join(pkg, "config.json"))["intermediate_size"]
+            nl, nh, nkv, hd, hidden = (d["num_hidden_layers"], d["num_attention_heads"],
+                                       d["num_key_value_heads"], d["head_size"], d["hidden_size"])
+            check("%s f32: every tensor F32, file type ALL_F32" % tag,
+                  all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in T.values())
+                  and field(r, "general.file_type") == int(gguf.LlamaFileType.ALL_F32))
+            mism = []
+            for l in range(nl):
+                p_ = "model.layers.%d" % l
+                qkv = nbits_weight(inits, p_ + ".attn.qkv_proj", (nh + 2 * nkv) * hd, hidden, False)
+                pairs = [("blk.%d.attn_q.weight" % l, qkv[:nh * hd]),
+                         ("blk.%d.attn_k.weight" % l, qkv[nh * hd:(nh + nkv) * hd]),
+                         ("blk.%d.attn_v.weight" % l, qkv[(nh + nkv) * hd:]),
+                         ("blk.%d.attn_output.weight" % l, nbits_weight(inits, p_ + ".attn.o_proj", hidden, nh * hd, False)),
+                         ("blk.%d.ffn_down.weight" % l, nbits_weight(inits, p_ + ".mlp.down_proj", hidden, inter, False))]
+                mism += [n for n, ref in pairs if not np.array_equal(dequant(T[n]), ref)]
+            check("%s f32: weights equal the int4 blocks dequantised in float32, exactly" % tag, not mism, str(mism))
+            # the converter evaluates a computed embedding with onnxruntime, this test with onnx's
+            # reference evaluator: their cos/sin agree to float32 rounding, not bit for bit
+            got = dequant(T["token_embd.weight"])
+            check("%s f32: token_embd is the embedding in float32" % tag,
+                  got.shape == emb.shape and float(np.max(np.abs(got - emb))) <= 1e-6 * max(1.0, float(np.max(np.abs(emb)))),
+                  "max diff %s" % (np.max(np.abs(got - emb)) if got.shape == emb.shape else (got.shape, emb.shape)))
+
         def zero_points():
             dst = external_copy(pkg, os.path.join(work, tag + "-zp"), emb, zero_points=True)
             out = os.path.join(work, tag + "-zp.gguf")
@@ -338,6 +371,7 @@ def main():
 
         run_case("%s external: checks" % tag, external)
         run_case("%s: zero points" % tag, zero_points)
+        run_case("%s: float32 weights" % tag, float32)
 
     print("%d passed, %d failed" % (CHECKS.passed, CHECKS.failed))
     sys.exit(1 if CHECKS.failed else 0)

@@ -50,15 +50,21 @@ pub struct ModelArgs {
     /// default) or growing (a new present tensor per step).
     #[arg(long, value_parser = parse_kv)]
     pub kv: Option<KvMode>,
-    /// Generation loop: ort (ours, in-process ONNX Runtime) or oga (onnxruntime-genai).
-    #[arg(long, env = "ONEBIT_ENGINE", default_value = "ort")]
+    /// Generation loop: auto (ort for an ONNX package, llama for a GGUF one), ort (ours over
+    /// in-process ONNX Runtime), oga (onnxruntime-genai) or llama (ours over llama.cpp).
+    #[arg(long, env = "ONEBIT_ENGINE", default_value = "auto")]
     pub engine: EngineKind,
+    /// --engine llama: exact (a float32 KV cache, no flash attention: the ONNX route's logits
+    /// within float32 rounding) or fast (llama.cpp's defaults: f16 KV, flash attention).
+    #[arg(long, env = "ONEBIT_LLAMA_ATTENTION", default_value = "exact")]
+    pub llama_attention: onebit_tts::engine::LlamaAttention,
     /// Path of libonnxruntime-genai.so for --engine oga (else the RyzenAI venv, .onebit/oga/lib,
     /// python3's onnxruntime_genai).
     #[arg(long, env = "ONEBIT_OGA_LIB")]
     pub oga_lib: Option<PathBuf>,
     /// Where the backbone runs: auto (npu when genai_config.json declares RyzenAI and
-    /// ONEBIT_RYZENAI_ROOT is set, else cpu), cpu, cuda, or npu (always in a worker child).
+    /// ONEBIT_RYZENAI_ROOT is set, else cpu), cpu, cuda, or npu (always in a worker child); with
+    /// --engine llama: auto (the first GPU the build sees, else cpu), cpu, vulkan, rocm, cuda.
     #[arg(long, env = "ONEBIT_DEVICE", default_value = "auto")]
     pub device: DeviceChoice,
     /// Run the backbone in a worker child (`onebit-tts worker`) whatever the device.
@@ -210,6 +216,7 @@ pub fn synth_config(m: &ModelArgs) -> SynthConfig {
         codec_threads: m.threads,
         max_input_chars: 0,
         engine: m.engine,
+        llama_attention: m.llama_attention,
         oga: OgaOptions {
             lib: m.oga_lib.clone(),
             ..OgaOptions::default()

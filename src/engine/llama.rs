@@ -1,0 +1,633 @@
+//! The llama.cpp backbone (`--engine llama`): a GGUF file run through llama.h, on the CPU or on a
+//! GPU backend compiled in (Vulkan, ROCm, CUDA: cargo features). Our front end builds the prompt
+//! ids and our loop samples: llama.cpp only turns ids into logits, keeping each sequence's KV in
+//! its own sequence id, so the scheduler batches several sequences in one `llama_decode`.
+//!
+//! Where the layers run is what llama.cpp reports while it loads (its "offloaded N/M layers" line
+//! and the buffer each weight landed in), read from its log, never assumed from the flag asked.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Once;
+
+use llama_cpp_sys_2 as sys;
+
+use super::{Backbone, BatchBackbone, Device, EngineError, LlamaAttention};
+use crate::package::{BackboneFormat, ModelPackage};
+
+/// How to load a GGUF backbone.
+#[derive(Debug, Clone)]
+pub struct LlamaOptions {
+    /// Threads for decode and prefill.
+    pub threads: usize,
+    /// `Device::Cpu`: every layer on the CPU; `Cuda`/`Vulkan`/`Rocm`: every layer on the GPUs of
+    /// that backend (the build must include it).
+    pub device: Device,
+    /// Sequences one step may carry (the scheduler's `--max-batch`): llama.cpp sizes its KV
+    /// cache for this many up front.
+    pub max_batch: usize,
+    pub attention: LlamaAttention,
+}
+
+/// What llama.cpp said about where the model went while it loaded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Placement {
+    /// "offloaded N/M layers to GPU" (absent from a build without GPU offload).
+    pub offloaded: Option<(u32, u32)>,
+    /// Each buffer holding weights and its size in MiB ("CPU_Mapped", "Vulkan0", ...).
+    pub weights: Vec<(String, f64)>,
+    /// The GPU devices the model was given (name and description).
+    pub gpus: Vec<String>,
+}
+
+impl Placement {
+    /// Reads llama.cpp's load log.
+    pub fn from_log(log: &str) -> Self {
+        let mut p = Placement::default();
+        for line in log.lines() {
+            if let Some(rest) = line.split("offloaded ").nth(1)
+                && let Some(frac) = rest.strip_suffix(" layers to GPU")
+                && let Some((n, m)) = frac.split_once('/')
+                && let (Ok(n), Ok(m)) = (n.trim().parse(), m.trim().parse())
+            {
+                p.offloaded = Some((n, m));
+            }
+            if let Some((head, size)) = line.split_once(" model buffer size =")
+                && let Some(name) = head.split_whitespace().last()
+                && let Some(mib) = size.trim().strip_suffix("MiB")
+                && let Ok(mib) = mib.trim().parse()
+            {
+                p.weights.push((name.to_owned(), mib));
+            }
+        }
+        p
+    }
+
+    /// Layers llama.cpp put on a GPU (0 when it printed no offload line).
+    pub fn gpu_layers(&self) -> u32 {
+        self.offloaded.map_or(0, |(n, _)| n)
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.offloaded {
+            Some((n, m)) if n > 0 => write!(f, "{n}/{m} layers on {}", self.gpus.join(", "))?,
+            Some((_, m)) => write!(f, "0/{m} layers on a GPU")?,
+            None => f.write_str("no GPU offload in this llama.cpp build")?,
+        }
+        if !self.weights.is_empty() {
+            let w: Vec<String> = self
+                .weights
+                .iter()
+                .map(|(n, mib)| format!("{n} {mib:.0} MiB"))
+                .collect();
+            write!(f, "; weights in {}", w.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+thread_local! {
+    /// The load log of the model this thread is loading (llama.cpp logs on the calling thread).
+    static CAPTURE: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+unsafe extern "C" fn on_log(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: llama.cpp passes a NUL-terminated string valid for this call.
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    CAPTURE.with(|c| {
+        if let Some(buf) = c.borrow_mut().as_mut() {
+            buf.push_str(&text);
+        }
+    });
+    if level == sys::GGML_LOG_LEVEL_ERROR {
+        tracing::debug!(target: "llama.cpp", "error: {}", text.trim_end());
+    } else {
+        tracing::trace!(target: "llama.cpp", "{}", text.trim_end());
+    }
+}
+
+/// llama.cpp's process-wide start: backends registered, its log routed to tracing.
+fn init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        // SAFETY: called once, before any other llama.cpp call of this process.
+        unsafe {
+            sys::llama_log_set(Some(on_log), std::ptr::null_mut());
+            sys::llama_backend_init();
+        }
+    });
+}
+
+fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: ggml returns NUL-terminated names that live as long as the backend registry.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// A device llama.cpp has registered.
+struct BackendDevice {
+    dev: sys::ggml_backend_dev_t,
+    backend: String,
+    name: String,
+    description: String,
+    gpu: bool,
+}
+
+fn devices() -> Vec<BackendDevice> {
+    // SAFETY: the registry is filled by llama_backend_init and never shrinks.
+    let n = unsafe { sys::ggml_backend_dev_count() };
+    (0..n)
+        .map(|i| unsafe {
+            let dev = sys::ggml_backend_dev_get(i);
+            let ty = sys::ggml_backend_dev_type(dev);
+            BackendDevice {
+                dev,
+                backend: cstr(sys::ggml_backend_reg_name(
+                    sys::ggml_backend_dev_backend_reg(dev),
+                )),
+                name: cstr(sys::ggml_backend_dev_name(dev)),
+                description: cstr(sys::ggml_backend_dev_description(dev)),
+                gpu: ty == sys::GGML_BACKEND_DEVICE_TYPE_GPU
+                    || ty == sys::GGML_BACKEND_DEVICE_TYPE_IGPU,
+            }
+        })
+        .collect()
+}
+
+/// The backends compiled into this build (for error messages and `doctor`).
+pub fn backends() -> Vec<String> {
+    init();
+    let mut names: Vec<String> = devices().into_iter().map(|d| d.backend).collect();
+    names.dedup();
+    names
+}
+
+/// The first GPU this build's backends see, as a device kind (`--device auto`).
+pub fn first_gpu() -> Option<Device> {
+    init();
+    devices().into_iter().filter(|d| d.gpu).find_map(|d| {
+        [Device::Vulkan, Device::Rocm, Device::Cuda]
+            .into_iter()
+            .find(|&k| backend_name(k) == Some(d.backend.as_str()))
+    })
+}
+
+/// The name ggml gives a device kind's backend.
+fn backend_name(device: Device) -> Option<&'static str> {
+    match device {
+        Device::Cuda => Some("CUDA"),
+        Device::Vulkan => Some("Vulkan"),
+        Device::Rocm => Some("ROCm"),
+        Device::Cpu | Device::Npu => None,
+    }
+}
+
+/// A GGUF backbone loaded into llama.cpp.
+pub struct LlamaBackbone {
+    // Declared before `model`: fields drop in order and the context uses the model.
+    ctx: NonNull<sys::llama_context>,
+    model: NonNull<sys::llama_model>,
+    batch: sys::llama_batch,
+    batch_capacity: usize,
+    n_vocab: usize,
+    budget: usize,
+    /// Slot `i` of the batch is llama.cpp's sequence `slots[i]` (`None`: moved away).
+    slots: Vec<Option<i32>>,
+    /// Tokens each llama.cpp sequence holds.
+    lens: Vec<usize>,
+    logits: Vec<f32>,
+    placement: Placement,
+    device: Device,
+    description: String,
+}
+
+// SAFETY: the context and model are used from one thread at a time (`&mut self`); llama.cpp
+// keeps no thread-local state for them.
+unsafe impl Send for LlamaBackbone {}
+
+impl Drop for LlamaBackbone {
+    fn drop(&mut self) {
+        // SAFETY: each was made once by llama.cpp and is freed once, the context first.
+        unsafe {
+            sys::llama_batch_free(self.batch);
+            sys::llama_free(self.ctx.as_ptr());
+            sys::llama_model_free(self.model.as_ptr());
+        }
+    }
+}
+
+struct Model(NonNull<sys::llama_model>);
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: freed once, on a load that failed after the model loaded.
+        unsafe { sys::llama_model_free(self.0.as_ptr()) }
+    }
+}
+
+/// Runs `f` with llama.cpp's log on this thread captured; returns its result and the log.
+fn capturing<T>(f: impl FnOnce() -> T) -> (T, String) {
+    CAPTURE.with(|c| *c.borrow_mut() = Some(String::new()));
+    let out = f();
+    let log = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (out, log)
+}
+
+/// The lines of a load log that say what went wrong.
+fn log_errors(log: &str) -> String {
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("error") || l.contains("failed") || l.contains("invalid"))
+        .collect();
+    if lines.is_empty() {
+        "llama.cpp gave no reason".to_owned()
+    } else {
+        lines.join("; ")
+    }
+}
+
+impl LlamaBackbone {
+    /// Loads the package's GGUF backbone with every layer on `opts.device`.
+    pub fn load(pkg: &ModelPackage, opts: &LlamaOptions) -> Result<Self, EngineError> {
+        if pkg.format != BackboneFormat::Gguf {
+            return Err(EngineError::Params(format!(
+                "--engine llama runs GGUF packages and {} holds an ONNX backbone; make its GGUF with: \
+                 .onebit/venv/bin/python tools/onnx_to_gguf.py {} --out DIR/model.gguf (docs/models.md)",
+                pkg.dir.display(),
+                pkg.dir.display()
+            )));
+        }
+        init();
+        let all = devices();
+        let mut chosen: Vec<sys::ggml_backend_dev_t> = Vec::new();
+        let mut gpus = Vec::new();
+        if let Some(want) = backend_name(opts.device) {
+            for d in all.iter().filter(|d| d.gpu && d.backend == want) {
+                chosen.push(d.dev);
+                gpus.push(format!("{} ({})", d.name, d.description));
+            }
+            if chosen.is_empty() {
+                let have: Vec<String> = all
+                    .iter()
+                    .map(|d| format!("{} {} ({})", d.backend, d.name, d.description))
+                    .collect();
+                return Err(EngineError::Device(format!(
+                    "--device {}: this llama.cpp build has no {want} GPU device (it has: {}); {}",
+                    opts.device,
+                    have.join(", "),
+                    build_hint(opts.device)
+                )));
+            }
+        } else if opts.device == Device::Npu {
+            return Err(EngineError::Device(
+                "--engine llama has no NPU backend; the NPU runs ONNX packages with --engine ort"
+                    .into(),
+            ));
+        }
+        chosen.push(std::ptr::null_mut()); // the list is NULL-terminated
+
+        let path = CString::new(pkg.decoder_path.as_os_str().as_encoded_bytes()).map_err(|_| {
+            EngineError::Params(format!("{}: a NUL in the path", pkg.decoder_path.display()))
+        })?;
+        // SAFETY: default params from llama.cpp; `chosen` outlives the load call.
+        let mut mparams = unsafe { sys::llama_model_default_params() };
+        mparams.devices = chosen.as_mut_ptr();
+        mparams.n_gpu_layers = if opts.device == Device::Cpu { 0 } else { -1 };
+        let (model, log) =
+            capturing(|| unsafe { sys::llama_model_load_from_file(path.as_ptr(), mparams) });
+        let model = Model(NonNull::new(model).ok_or_else(|| {
+            EngineError::Graph(format!(
+                "llama.cpp could not load {}: {}",
+                pkg.decoder_path.display(),
+                log_errors(&log)
+            ))
+        })?);
+        let mut placement = Placement::from_log(&log);
+        placement.gpus = gpus;
+
+        // SAFETY: the model is loaded; these read its metadata.
+        let (n_vocab, n_ctx_train) = unsafe {
+            let vocab = sys::llama_model_get_vocab(model.0.as_ptr());
+            (
+                sys::llama_vocab_n_tokens(vocab),
+                sys::llama_model_n_ctx_train(model.0.as_ptr()),
+            )
+        };
+        let n_vocab = usize::try_from(n_vocab).unwrap_or(0);
+        if n_vocab != pkg.genai.model.vocab_size {
+            return Err(EngineError::Graph(format!(
+                "{}: llama.cpp reads {n_vocab} vocabulary entries but the output layer has {} rows",
+                pkg.decoder_path.display(),
+                pkg.genai.model.vocab_size
+            )));
+        }
+        let budget = pkg
+            .genai
+            .token_budget()
+            .min(usize::try_from(n_ctx_train).unwrap_or(usize::MAX));
+        let max_batch = opts.max_batch.max(1);
+        let threads = i32::try_from(opts.threads.max(1)).unwrap_or(1);
+        // SAFETY: default params from llama.cpp, then plain values.
+        let mut cparams = unsafe { sys::llama_context_default_params() };
+        cparams.n_seq_max = u32::try_from(max_batch).unwrap_or(1);
+        // Each sequence its own KV stream of `budget` cells: sequences here share no prefix.
+        cparams.kv_unified = false;
+        cparams.n_ctx = u32::try_from(budget * max_batch).unwrap_or(u32::MAX);
+        // A whole prompt in one decode call (llama.cpp splits it into its ubatches itself).
+        cparams.n_batch = u32::try_from(budget.max(max_batch)).unwrap_or(u32::MAX);
+        cparams.n_threads = threads;
+        cparams.n_threads_batch = threads;
+        cparams.no_perf = true;
+        if opts.attention == LlamaAttention::Exact {
+            cparams.type_k = sys::GGML_TYPE_F32;
+            cparams.type_v = sys::GGML_TYPE_F32;
+            cparams.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        }
+        if opts.device == Device::Cpu {
+            cparams.offload_kqv = false;
+            cparams.op_offload = false;
+        }
+        let (ctx, log) =
+            capturing(|| unsafe { sys::llama_init_from_model(model.0.as_ptr(), cparams) });
+        let ctx = NonNull::new(ctx).ok_or_else(|| {
+            EngineError::Runtime(format!(
+                "llama.cpp could not make a context of {} x {budget} tokens: {}",
+                max_batch,
+                log_errors(&log)
+            ))
+        })?;
+        let batch_capacity = budget.max(max_batch);
+        // SAFETY: a token batch (no embeddings), each token in one sequence.
+        let batch = unsafe { sys::llama_batch_init(batch_capacity as i32, 0, 1) };
+
+        let device = if placement.gpu_layers() > 0 {
+            opts.device
+        } else {
+            Device::Cpu
+        };
+        let arch = &pkg.genai.model.model_type;
+        let layers = pkg.genai.model.decoder.num_hidden_layers;
+        let description = format!(
+            "llama.cpp {} ({arch}, {layers} layers, budget {budget} x {max_batch} sequences, {threads} threads, {}; {placement})",
+            pkg.decoder_path.display(),
+            opts.attention
+        );
+        tracing::info!("{description}");
+        let model_ptr = model.0;
+        std::mem::forget(model); // owned by the backbone from here
+        Ok(Self {
+            ctx,
+            model: model_ptr,
+            batch,
+            batch_capacity,
+            n_vocab,
+            budget,
+            slots: Vec::new(),
+            lens: vec![0; max_batch],
+            logits: Vec::new(),
+            placement,
+            device,
+            description,
+        })
+    }
+
+    /// Where llama.cpp put the model.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Decodes `(token, sequence)` pairs in one call, each at its sequence's next position;
+    /// `rows` of them (the last `rows`, in order) give a logits row each into `self.logits`.
+    fn decode(&mut self, tokens: &[(u32, i32)], rows: usize) -> Result<&[f32], EngineError> {
+        if tokens.is_empty() || tokens.len() > self.batch_capacity {
+            return Err(EngineError::Runtime(format!(
+                "a decode of {} tokens (this context takes 1 to {})",
+                tokens.len(),
+                self.batch_capacity
+            )));
+        }
+        let mut next = self.lens.clone();
+        let first_row = tokens.len() - rows;
+        for (i, &(token, seq)) in tokens.iter().enumerate() {
+            let s = seq as usize;
+            if next[s] >= self.budget {
+                return Err(super::too_long(next[s] + 1, self.budget, None));
+            }
+            let token = i32::try_from(token)
+                .ok()
+                .filter(|&t| (t as usize) < self.n_vocab)
+                .ok_or_else(|| {
+                    EngineError::Runtime(format!("token id {token} is outside the vocabulary"))
+                })?;
+            // SAFETY: i < batch_capacity, the size the batch was made with, one sequence each.
+            unsafe {
+                *self.batch.token.add(i) = token;
+                *self.batch.pos.add(i) = next[s] as i32;
+                *self.batch.n_seq_id.add(i) = 1;
+                *(*self.batch.seq_id.add(i)) = seq;
+                *self.batch.logits.add(i) = i8::from(i >= first_row);
+            }
+            next[s] += 1;
+        }
+        self.batch.n_tokens = tokens.len() as i32;
+        // SAFETY: the batch is filled up to n_tokens.
+        let rc = unsafe { sys::llama_decode(self.ctx.as_ptr(), self.batch) };
+        if rc != 0 {
+            return Err(EngineError::Runtime(format!(
+                "llama_decode returned {rc} ({})",
+                match rc {
+                    1 => "no room in the KV cache",
+                    2 => "aborted",
+                    -1 => "invalid batch",
+                    _ => "a compute error",
+                }
+            )));
+        }
+        self.lens = next;
+        self.logits.clear();
+        for i in first_row..tokens.len() {
+            // SAFETY: row i was asked for; llama.cpp gives n_vocab floats.
+            let row = unsafe { sys::llama_get_logits_ith(self.ctx.as_ptr(), i as i32) };
+            if row.is_null() {
+                return Err(EngineError::Runtime(format!(
+                    "llama.cpp gave no logits for row {i}"
+                )));
+            }
+            self.logits
+                .extend_from_slice(unsafe { std::slice::from_raw_parts(row, self.n_vocab) });
+        }
+        Ok(&self.logits)
+    }
+
+    fn forget(&mut self, seq: i32) {
+        // SAFETY: removes every position of one sequence.
+        unsafe {
+            sys::llama_memory_seq_rm(sys::llama_get_memory(self.ctx.as_ptr()), seq, -1, -1);
+        }
+        self.lens[seq as usize] = 0;
+    }
+}
+
+/// How to get a llama.cpp build with a device's backend.
+fn build_hint(device: Device) -> String {
+    let feature = match device {
+        Device::Vulkan => "vulkan",
+        Device::Rocm => "rocm",
+        Device::Cuda => "llama-cuda",
+        Device::Cpu | Device::Npu => return String::new(),
+    };
+    format!(
+        "build with `cargo build --release --features {feature}` (docs/models.md, \"GGUF on a GPU\") and check the driver sees the GPU"
+    )
+}
+
+impl Backbone for LlamaBackbone {
+    fn reset(&mut self) {
+        // SAFETY: clears every sequence's KV (data too).
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ctx.as_ptr()), true) };
+        self.lens.iter_mut().for_each(|l| *l = 0);
+        self.slots.clear();
+    }
+
+    fn append(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        let pairs: Vec<(u32, i32)> = tokens.iter().map(|&t| (t, 0)).collect();
+        self.decode(&pairs, 1)
+    }
+
+    fn len(&self) -> usize {
+        self.lens[0]
+    }
+
+    fn budget(&self) -> usize {
+        self.budget
+    }
+
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn batch(&mut self) -> Option<&mut dyn BatchBackbone> {
+        (self.lens.len() > 1).then_some(self as &mut dyn BatchBackbone)
+    }
+}
+
+impl LlamaBackbone {
+    /// The llama.cpp sequence in `slot`.
+    fn seq_of(&self, slot: usize) -> Result<i32, EngineError> {
+        self.slots
+            .get(slot)
+            .copied()
+            .flatten()
+            .ok_or_else(|| EngineError::Runtime(format!("slot {slot} is not open")))
+    }
+}
+
+impl BatchBackbone for LlamaBackbone {
+    fn open(&mut self, slot: usize) -> Result<(), EngineError> {
+        if slot >= self.lens.len() {
+            return Err(EngineError::Runtime(format!(
+                "slot {slot}: this context runs {} sequences (--max-batch)",
+                self.lens.len()
+            )));
+        }
+        if self.slots.len() <= slot {
+            self.slots.resize(slot + 1, None);
+        }
+        let seq = match self.slots[slot] {
+            Some(seq) => seq,
+            None => {
+                let used: Vec<i32> = self.slots.iter().flatten().copied().collect();
+                let seq = (0..self.lens.len() as i32)
+                    .find(|s| !used.contains(s))
+                    .ok_or_else(|| EngineError::Runtime("no free llama.cpp sequence".into()))?;
+                self.slots[slot] = Some(seq);
+                seq
+            }
+        };
+        self.forget(seq);
+        Ok(())
+    }
+
+    fn extend(&mut self, slot: usize, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        let seq = self.seq_of(slot)?;
+        let pairs: Vec<(u32, i32)> = tokens.iter().map(|&t| (t, seq)).collect();
+        self.decode(&pairs, 1)
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        let pairs = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| Ok((t, self.seq_of(i)?)))
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        let rows = pairs.len();
+        self.decode(&pairs, rows)
+    }
+
+    fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError> {
+        if slot >= running || running > self.slots.len() {
+            return Err(EngineError::Runtime(format!(
+                "closing slot {slot} of {running} running"
+            )));
+        }
+        // Moving a sequence is renaming its slot: llama.cpp's sequence ids stay, no KV moves.
+        if let Some(seq) = self.slots[slot].take() {
+            self.forget(seq);
+        }
+        if slot != running - 1 {
+            self.slots[slot] = self.slots[running - 1].take();
+        }
+        while self.slots.last() == Some(&None) {
+            self.slots.pop();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placement_is_read_from_what_llama_cpp_logs() {
+        let log = "load_tensors: offloading output layer to GPU\n\
+                   load_tensors: offloading 24 repeating layers to GPU\n\
+                   load_tensors: offloaded 25/25 layers to GPU\n\
+                   load_tensors:   CPU_Mapped model buffer size =   137.94 MiB\n\
+                   load_tensors:      Vulkan0 model buffer size =   352.06 MiB\n";
+        let mut p = Placement::from_log(log);
+        assert_eq!(p.offloaded, Some((25, 25)));
+        assert_eq!(
+            p.weights,
+            vec![
+                ("CPU_Mapped".to_owned(), 137.94),
+                ("Vulkan0".to_owned(), 352.06)
+            ]
+        );
+        p.gpus = vec!["Vulkan0 (AMD Radeon 8060S Graphics (RADV GFX1151))".into()];
+        assert_eq!(
+            p.to_string(),
+            "25/25 layers on Vulkan0 (AMD Radeon 8060S Graphics (RADV GFX1151)); weights in CPU_Mapped 138 MiB, Vulkan0 352 MiB"
+        );
+        let cpu =
+            Placement::from_log("load_tensors:   CPU_Mapped model buffer size =   10.00 MiB\n");
+        assert_eq!(cpu.gpu_layers(), 0);
+        assert_eq!(
+            cpu.to_string(),
+            "no GPU offload in this llama.cpp build; weights in CPU_Mapped 10 MiB"
+        );
+    }
+}

@@ -1,0 +1,296 @@
+//! The llama engine (llama.cpp through llama.h) on the GGUF packages scripts/gen-test-models.sh
+//! converts from the generated ONNX packages with every weight float32 (the int4 blocks
+//! dequantised exactly): the same logits as our ONNX Runtime backbone up to float rounding, the
+//! same greedy codes, alone and batched; the CLI with `--engine llama` (the same audio bytes as
+//! `--engine ort` on the source package); and clear errors for bad GGUF files and devices.
+#![cfg(feature = "llama")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use onebit_tts::engine::{
+    Backbone, Candidates, Device, GenerationParams, KvMode, LlamaAttention, LlamaBackbone,
+    LlamaOptions, LocalEngine, SamplingParams, Scheduler, SchedulerOptions,
+};
+use onebit_tts::package::{BackboneFormat, ModelPackage};
+
+/// A generated GGUF package (models/NAME-gguf).
+fn gguf_model(name: &str) -> PathBuf {
+    let p = common::repo().join("models").join(format!("{name}-gguf"));
+    assert!(
+        p.join("model-f32.gguf").exists(),
+        "{} is missing: run scripts/gen-test-models.sh (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+fn llama(pkg: &ModelPackage, max_batch: usize) -> LlamaBackbone {
+    LlamaBackbone::load(
+        pkg,
+        &LlamaOptions {
+            threads: 2,
+            device: Device::Cpu,
+            max_batch,
+            attention: LlamaAttention::Exact,
+        },
+    )
+    .unwrap_or_else(|e| panic!("llama engine: {e}"))
+}
+
+fn greedy(max_new: usize) -> GenerationParams {
+    GenerationParams {
+        sampling: SamplingParams::greedy(),
+        min_new_tokens: 0,
+        max_new_tokens: Some(max_new),
+    }
+}
+
+/// The ONNX package and its GGUF conversion, loaded.
+fn pair(name: &str) -> (ModelPackage, ModelPackage) {
+    let onnx = ModelPackage::load(&common::model(name), None).unwrap();
+    let gguf = ModelPackage::load(&gguf_model(name), None).unwrap();
+    assert_eq!(gguf.format, BackboneFormat::Gguf);
+    assert_eq!(gguf.vocab, onnx.vocab);
+    assert_eq!(gguf.stop_ids, onnx.stop_ids);
+    (onnx, gguf)
+}
+
+#[test]
+fn the_gguf_package_states_the_onnx_packages_model() {
+    let (onnx, gguf) = pair("tiny");
+    let (a, b) = (&onnx.genai.model, &gguf.genai.model);
+    assert_eq!(b.model_type, "qwen2");
+    assert_eq!(b.vocab_size, a.vocab_size);
+    for (x, y) in [
+        (b.decoder.num_hidden_layers, a.decoder.num_hidden_layers),
+        (b.decoder.hidden_size, a.decoder.hidden_size),
+        (b.decoder.num_attention_heads, a.decoder.num_attention_heads),
+        (b.decoder.num_key_value_heads, a.decoder.num_key_value_heads),
+        (b.decoder.head_size, a.decoder.head_size),
+    ] {
+        assert_eq!(x, y);
+    }
+    let b = llama(&gguf, 1);
+    let d = b.describe();
+    assert!(
+        d.starts_with("llama.cpp ")
+            && d.contains("qwen2, 2 layers")
+            && d.contains("weights in CPU"),
+        "{d}"
+    );
+    assert_eq!(b.device(), Device::Cpu);
+    assert_eq!(b.placement().gpu_layers(), 0);
+}
+
+/// Feeds the same tokens to both backbones and returns the largest logit difference and the
+/// logit scale (largest magnitude) seen.
+fn teacher_forced(
+    a: &mut dyn Backbone,
+    b: &mut dyn Backbone,
+    prompt: &[u32],
+    then: &[u32],
+) -> (f32, f32) {
+    a.reset();
+    b.reset();
+    let (mut diff, mut scale) = (0f32, 0f32);
+    let mut compare = |x: &[f32], y: &[f32]| {
+        assert_eq!(x.len(), y.len());
+        for (p, q) in x.iter().zip(y) {
+            diff = diff.max((p - q).abs());
+            scale = scale.max(p.abs());
+        }
+    };
+    let x = a.append(prompt).unwrap().to_vec();
+    compare(&x, b.append(prompt).unwrap());
+    for &t in then {
+        let x = a.append(&[t]).unwrap().to_vec();
+        compare(&x, b.append(&[t]).unwrap());
+    }
+    (diff, scale)
+}
+
+#[test]
+fn greedy_codes_equal_the_onnx_runtime_backbone() {
+    // The chain package's codes follow from the right ids, positions and KV with margins no
+    // rounding moves; the random package's only when ONNX Runtime computes in float32 too
+    // (tiny-random-exact: its int8 activations at accuracy level 4 tip near-ties).
+    for (name, reference) in [("tiny", "tiny"), ("tiny-random", "tiny-random-exact")] {
+        let (_, gguf) = pair(name);
+        let (onnx, mut ort) = common::load_ort(&common::model(reference), KvMode::Shared);
+        let mut ll = llama(&gguf, 1);
+        let c = Candidates::of(&gguf);
+        for prompt in common::speech_prompts(&onnx, common::PROMPT_SPECS) {
+            let want = common::generate_all(&mut ort, &c, &prompt, &greedy(200));
+            let got = common::generate_all(&mut ll, &c, &prompt, &greedy(200));
+            assert!(
+                want.codes.len() >= 20,
+                "the comparison must cover many steps"
+            );
+            let first = got.codes.iter().zip(&want.codes).position(|(a, b)| a != b);
+            assert_eq!(
+                got.codes,
+                want.codes,
+                "{name}, prompt of {}: first difference at {first:?}",
+                prompt.len()
+            );
+            assert_eq!(got.stop, want.stop);
+        }
+    }
+}
+
+#[test]
+fn logits_follow_the_onnx_runtime_backbone_within_float32_rounding() {
+    // Against the package computing in float32 (accuracy level 0), teacher-forced so a near-tie
+    // cannot send the two down different paths. A wrong layout, position or bias would move the
+    // logits by the whole scale; llama.cpp's f16 KV cache alone moves them by 0.04 here.
+    let (_, gguf) = pair("tiny-random");
+    let (onnx, mut ort) = common::load_ort(&common::model("tiny-random-exact"), KvMode::Shared);
+    let mut ll = llama(&gguf, 1);
+    let c = Candidates::of(&onnx);
+    for prompt in common::speech_prompts(&onnx, common::PROMPT_SPECS) {
+        let want = common::generate_all(&mut ort, &c, &prompt, &greedy(60));
+        let ids: Vec<u32> = want
+            .codes
+            .iter()
+            .map(|&code| onnx.vocab.code_to_id(code))
+            .collect();
+        let (diff, scale) = teacher_forced(&mut ort, &mut ll, &prompt, &ids);
+        assert!(
+            diff <= 1e-5 * scale.max(1.0),
+            "prompt of {}: logits differ by up to {diff} on a scale of {scale}",
+            prompt.len()
+        );
+    }
+}
+
+#[test]
+fn batched_sequences_make_the_codes_they_make_alone() {
+    let (onnx, gguf) = pair("tiny");
+    let c = Candidates::of(&onnx);
+    let prompts =
+        common::speech_prompts(&onnx, &[(300, 65_400), (5, 1000), (120, 9), (40, 20_000)]);
+    let jobs: Vec<(Vec<u32>, GenerationParams)> = prompts
+        .into_iter()
+        .zip([150, 60, 90, 120])
+        .map(|(p, n)| (p, greedy(n)))
+        .collect();
+    let mut solo = llama(&gguf, 1);
+    let want: Vec<_> = jobs
+        .iter()
+        .map(|(p, g)| common::generate_all(&mut solo, &c, p, g))
+        .collect();
+    drop(solo);
+    for max_batch in [2, 4] {
+        let s = Scheduler::start(
+            Box::new(LocalEngine(Box::new(llama(&gguf, max_batch)))),
+            c.clone(),
+            SchedulerOptions {
+                max_batch,
+                prefill_chunk: 16,
+            },
+        )
+        .unwrap();
+        // Job 1 stops after 30 codes: its slot is freed mid-run and the others move.
+        let got = common::together(&s, &jobs, 7, &[None, Some(30)]);
+        assert_eq!(got[1].codes.len(), 30);
+        let mut expect = want.clone();
+        expect[1].codes.truncate(30);
+        expect[1].stop = got[1].stop;
+        common::assert_same(&got, &expect);
+        assert!(
+            s.stats()
+                .peak_batch
+                .load(std::sync::atomic::Ordering::SeqCst)
+                >= 2,
+            "max_batch {max_batch}: the jobs never shared a step"
+        );
+    }
+}
+
+fn say(model: &Path, extra: &[&str], out: &Path) -> std::process::Output {
+    let mut args = vec!["say", "--model", model.to_str().unwrap(), "--voice", "test"];
+    args.extend([
+        "--seed",
+        "7",
+        "--temperature",
+        "0",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    args.extend(extra);
+    args.push("Hello there, this is a test.");
+    common::cli(&args)
+}
+
+#[test]
+fn the_cli_speaks_a_gguf_package_with_the_same_audio_as_its_onnx_source() {
+    let dir = common::tempdir("llama-cli");
+    let (a, b) = (dir.join("llama.wav"), dir.join("ort.wav"));
+    let o = say(&gguf_model("tiny"), &[], &a);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let err = common::stderr(&o);
+    assert!(err.contains("on cpu"), "{err}");
+    let o = say(&common::model("tiny"), &[], &b);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+
+    // The engines refuse the other format, naming the one that runs it.
+    let o = say(&gguf_model("tiny"), &["--engine", "ort"], &a);
+    let e = common::error_line(&o);
+    assert!(
+        e.contains("is a GGUF package: it runs with --engine llama"),
+        "{e}"
+    );
+    let o = say(&common::model("tiny"), &["--engine", "llama"], &a);
+    let e = common::error_line(&o);
+    assert!(
+        e.contains("--engine llama runs GGUF packages") && e.contains("onnx_to_gguf.py"),
+        "{e}"
+    );
+    // A GPU this build does not have.
+    let o = say(&gguf_model("tiny"), &["--device", "vulkan"], &a);
+    let e = common::error_line(&o);
+    assert!(
+        e.contains("--device vulkan: this llama.cpp build has no Vulkan GPU device")
+            && e.contains("--features vulkan"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_gguf_files_get_clear_errors() {
+    let src = gguf_model("tiny");
+    let gguf = std::fs::read(src.join("model-f32.gguf")).unwrap();
+    let check = |tag: &str, bytes: &[u8]| {
+        let dir = common::tempdir(&format!("llama-bad-{tag}"));
+        for f in ["tokenizer.json", "tokenizer_config.json", "config.json"] {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+        common::copy_dir(&src.join("codec"), &dir.join("codec"));
+        std::fs::write(dir.join("model.gguf"), bytes).unwrap();
+        common::error_line(&common::cli(&["models", "check", dir.to_str().unwrap()]))
+    };
+    // Cut short, as an interrupted download leaves it.
+    let e = check("cut", &gguf[..gguf.len() / 2]);
+    assert!(
+        e.contains("model.gguf: truncated: tensor") && e.contains("interrupted download"),
+        "{e}"
+    );
+    // A vocabulary that lost a speech token: the tokenizer's id means something else there.
+    let pos = find(&gguf, b"<|speech_1234|>").expect("the GGUF holds the speech tokens");
+    let mut renamed = gguf.clone();
+    renamed[pos..pos + 15].copy_from_slice(b"<|speech_x234|>");
+    let e = check("vocab", &renamed);
+    assert!(
+        e.contains("should be <|speech_1234|>") && e.contains("missing speech tokens"),
+        "{e}"
+    );
+    let e = check("junk", b"GGML this is no GGUF file at all");
+    assert!(e.contains("not a GGUF file"), "{e}");
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
