@@ -313,6 +313,13 @@ impl LlamaBackbone {
         })?);
         let mut placement = Placement::from_log(&log);
         placement.gpus = gpus;
+        if opts.device != Device::Cpu && placement.gpu_layers() == 0 {
+            // Asked for a GPU, got none: serving on the CPU under a GPU's name would be a lie.
+            return Err(EngineError::Device(format!(
+                "--device {}: llama.cpp put no layer on the GPU ({placement}); see its log with --verbose",
+                opts.device
+            )));
+        }
 
         // SAFETY: the model is loaded; these read its metadata.
         let (n_vocab, n_ctx_train) = unsafe {

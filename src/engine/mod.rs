@@ -264,14 +264,15 @@ impl Engine for LocalEngine {
 /// How the llama engine's attention keeps and reads its KV cache (`--llama-attention`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LlamaAttention {
-    /// A float32 KV cache and attention without the flash kernels: the logits follow the ONNX
-    /// route's within float32 rounding (measured on the test packages: 6e-5 on a scale of 20,
-    /// where f16 KV alone moves them by 0.04 and CPU flash attention by 0.08).
+    /// llama.cpp's own defaults, as its tools and the vendor's neutts run it: an f16 KV cache
+    /// (half the memory) and flash attention where the backend has it.
     #[default]
-    Exact,
-    /// llama.cpp's own defaults: an f16 KV cache (half the memory) and flash attention where the
-    /// backend has it.
     Fast,
+    /// A float32 KV cache and attention without the flash kernels: the logits follow the ONNX
+    /// route's float32 computation within float32 rounding (measured on the test packages: 6e-5
+    /// on a scale of 20, where f16 KV alone moves them by 0.04 and CPU flash attention by 0.08).
+    /// Slower: 0.8x the decode rate on the real-shape model on 2 cores (docs/performance.md).
+    Exact,
 }
 
 impl std::str::FromStr for LlamaAttention {

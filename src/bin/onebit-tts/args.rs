@@ -54,9 +54,9 @@ pub struct ModelArgs {
     /// in-process ONNX Runtime), oga (onnxruntime-genai) or llama (ours over llama.cpp).
     #[arg(long, env = "ONEBIT_ENGINE", default_value = "auto")]
     pub engine: EngineKind,
-    /// --engine llama: exact (a float32 KV cache, no flash attention: the ONNX route's logits
-    /// within float32 rounding) or fast (llama.cpp's defaults: f16 KV, flash attention).
-    #[arg(long, env = "ONEBIT_LLAMA_ATTENTION", default_value = "exact")]
+    /// --engine llama: fast (llama.cpp's defaults: f16 KV, flash attention) or exact (a float32
+    /// KV cache, no flash attention: the ONNX route's float32 logits within rounding; slower).
+    #[arg(long, env = "ONEBIT_LLAMA_ATTENTION", default_value = "fast")]
     pub llama_attention: onebit_tts::engine::LlamaAttention,
     /// Path of libonnxruntime-genai.so for --engine oga (else the RyzenAI venv, .onebit/oga/lib,
     /// python3's onnxruntime_genai).
