@@ -81,7 +81,7 @@ fn the_gguf_package_states_the_onnx_packages_model() {
         "{d}"
     );
     assert_eq!(b.device(), Device::Cpu);
-    assert_eq!(b.placement().gpu_layers(), 0);
+    assert_eq!(b.placement().gpu_weights_mib(), 0.0);
 }
 
 /// Feeds the same tokens to both backbones and returns the largest logit difference and the

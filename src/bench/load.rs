@@ -262,7 +262,11 @@ pub fn engine_load(
 ) -> Result<LoadReport, BenchError> {
     let front = FrontEnd::load(cfg)?;
     let pkg = front.package();
-    let engine = load_engine(cfg, pkg)?;
+    let max_batch = levels.iter().copied().max().unwrap_or(1);
+    // Engines that size their KV for the batch at load (llama.cpp) must know the largest level.
+    let mut cfg = cfg.clone();
+    cfg.scheduler.max_batch = max_batch;
+    let engine = load_engine(&cfg, pkg)?;
     let (description, device) = (engine.describe(), engine.device());
     let candidates = Candidates::of(pkg);
     let text_ids: Vec<u32> = pkg
@@ -272,7 +276,6 @@ pub fn engine_load(
         .get_ids()
         .to_vec();
     let prompt = synthetic_prompt(&candidates, &text_ids, prompt_len);
-    let max_batch = levels.iter().copied().max().unwrap_or(1);
     let sched = Scheduler::start(
         engine,
         candidates,

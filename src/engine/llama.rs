@@ -3,8 +3,9 @@
 //! ids and our loop samples: llama.cpp only turns ids into logits, keeping each sequence's KV in
 //! its own sequence id, so the scheduler batches several sequences in one `llama_decode`.
 //!
-//! Where the layers run is what llama.cpp reports while it loads (its "offloaded N/M layers" line
-//! and the buffer each weight landed in), read from its log, never assumed from the flag asked.
+//! Where the model runs is what llama.cpp reports while it loads: the buffer each weight landed in
+//! (its "model buffer size" lines, read from its log), never assumed from the flag asked; its
+//! "offloaded N/M layers" line only repeats the request and is shown beside that evidence.
 
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_void};
@@ -65,28 +66,44 @@ impl Placement {
         p
     }
 
-    /// Layers llama.cpp put on a GPU (0 when it printed no offload line).
-    pub fn gpu_layers(&self) -> u32 {
-        self.offloaded.map_or(0, |(n, _)| n)
+    /// MiB of weights llama.cpp put in a GPU's buffers (any buffer not named CPU...): the
+    /// evidence of offload. Its "offloaded N/M layers" line repeats what was asked.
+    pub fn gpu_weights_mib(&self) -> f64 {
+        self.weights
+            .iter()
+            .filter(|(name, _)| !name.starts_with("CPU"))
+            .map(|(_, mib)| mib)
+            .sum()
+    }
+}
+
+fn mib(n: &str, mib: f64) -> String {
+    if mib < 10.0 {
+        format!("{n} {mib:.1} MiB")
+    } else {
+        format!("{n} {mib:.0} MiB")
     }
 }
 
 impl fmt::Display for Placement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.weights.is_empty() {
+            f.write_str("no weight buffers reported")?;
+        } else {
+            let w: Vec<String> = self.weights.iter().map(|(n, m)| mib(n, *m)).collect();
+            write!(f, "weights in {}", w.join(", "))?;
+        }
         match self.offloaded {
-            Some((n, m)) if n > 0 => write!(f, "{n}/{m} layers on {}", self.gpus.join(", "))?,
-            Some((_, m)) => write!(f, "0/{m} layers on a GPU")?,
-            None => f.write_str("no GPU offload in this llama.cpp build")?,
+            Some((n, m)) if !self.gpus.is_empty() => {
+                write!(
+                    f,
+                    " (offload of {n}/{m} layers to {})",
+                    self.gpus.join(", ")
+                )
+            }
+            Some((_, m)) => write!(f, " (0/{m} layers offloaded)"),
+            None => f.write_str(" (no GPU offload in this llama.cpp build)"),
         }
-        if !self.weights.is_empty() {
-            let w: Vec<String> = self
-                .weights
-                .iter()
-                .map(|(n, mib)| format!("{n} {mib:.0} MiB"))
-                .collect();
-            write!(f, "; weights in {}", w.join(", "))?;
-        }
-        Ok(())
     }
 }
 
@@ -101,7 +118,8 @@ unsafe extern "C" fn on_log(level: sys::ggml_log_level, text: *const c_char, _: 
     }
     // SAFETY: llama.cpp passes a NUL-terminated string valid for this call.
     let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-    CAPTURE.with(|c| {
+    // try_with: ggml may log from a static destructor after this thread's locals are gone.
+    let _ = CAPTURE.try_with(|c| {
         if let Some(buf) = c.borrow_mut().as_mut() {
             buf.push_str(&text);
         }
@@ -140,6 +158,7 @@ struct BackendDevice {
     name: String,
     description: String,
     gpu: bool,
+    integrated: bool,
 }
 
 fn devices() -> Vec<BackendDevice> {
@@ -158,17 +177,10 @@ fn devices() -> Vec<BackendDevice> {
                 description: cstr(sys::ggml_backend_dev_description(dev)),
                 gpu: ty == sys::GGML_BACKEND_DEVICE_TYPE_GPU
                     || ty == sys::GGML_BACKEND_DEVICE_TYPE_IGPU,
+                integrated: ty == sys::GGML_BACKEND_DEVICE_TYPE_IGPU,
             }
         })
         .collect()
-}
-
-/// The backends compiled into this build (for error messages and `doctor`).
-pub fn backends() -> Vec<String> {
-    init();
-    let mut names: Vec<String> = devices().into_iter().map(|d| d.backend).collect();
-    names.dedup();
-    names
 }
 
 /// The first GPU this build's backends see, as a device kind (`--device auto`).
@@ -271,7 +283,18 @@ impl LlamaBackbone {
         let mut chosen: Vec<sys::ggml_backend_dev_t> = Vec::new();
         let mut gpus = Vec::new();
         if let Some(want) = backend_name(opts.device) {
-            for d in all.iter().filter(|d| d.gpu && d.backend == want) {
+            // llama.cpp's own rule: the discrete GPUs, else the integrated ones (a Strix Halo
+            // has only its iGPU; a desktop with both would otherwise split layers across them).
+            let of_backend = |integrated| {
+                all.iter()
+                    .filter(move |d| d.backend == want && d.integrated == integrated && d.gpu)
+            };
+            let pick: Vec<&BackendDevice> = if of_backend(false).next().is_some() {
+                of_backend(false).collect()
+            } else {
+                of_backend(true).collect()
+            };
+            for d in pick {
                 chosen.push(d.dev);
                 gpus.push(format!("{} ({})", d.name, d.description));
             }
@@ -306,17 +329,17 @@ impl LlamaBackbone {
             capturing(|| unsafe { sys::llama_model_load_from_file(path.as_ptr(), mparams) });
         let model = Model(NonNull::new(model).ok_or_else(|| {
             EngineError::Graph(format!(
-                "llama.cpp could not load {}: {}",
+                "could not load {}: {}",
                 pkg.decoder_path.display(),
                 log_errors(&log)
             ))
         })?);
         let mut placement = Placement::from_log(&log);
         placement.gpus = gpus;
-        if opts.device != Device::Cpu && placement.gpu_layers() == 0 {
+        if opts.device != Device::Cpu && placement.gpu_weights_mib() <= 0.0 {
             // Asked for a GPU, got none: serving on the CPU under a GPU's name would be a lie.
             return Err(EngineError::Device(format!(
-                "--device {}: llama.cpp put no layer on the GPU ({placement}); see its log with --verbose",
+                "--device {}: llama.cpp put no weights on the GPU ({placement}); see its log with --verbose",
                 opts.device
             )));
         }
@@ -366,8 +389,8 @@ impl LlamaBackbone {
         let (ctx, log) =
             capturing(|| unsafe { sys::llama_init_from_model(model.0.as_ptr(), cparams) });
         let ctx = NonNull::new(ctx).ok_or_else(|| {
-            EngineError::Runtime(format!(
-                "llama.cpp could not make a context of {} x {budget} tokens: {}",
+            EngineError::Llama(format!(
+                "could not make a context of {} x {budget} tokens: {}",
                 max_batch,
                 log_errors(&log)
             ))
@@ -376,7 +399,7 @@ impl LlamaBackbone {
         // SAFETY: a token batch (no embeddings), each token in one sequence.
         let batch = unsafe { sys::llama_batch_init(batch_capacity as i32, 0, 1) };
 
-        let device = if placement.gpu_layers() > 0 {
+        let device = if placement.gpu_weights_mib() > 0.0 {
             opts.device
         } else {
             Device::Cpu
@@ -416,7 +439,7 @@ impl LlamaBackbone {
     /// `rows` of them (the last `rows`, in order) give a logits row each into `self.logits`.
     fn decode(&mut self, tokens: &[(u32, i32)], rows: usize) -> Result<&[f32], EngineError> {
         if tokens.is_empty() || tokens.len() > self.batch_capacity {
-            return Err(EngineError::Runtime(format!(
+            return Err(EngineError::Llama(format!(
                 "a decode of {} tokens (this context takes 1 to {})",
                 tokens.len(),
                 self.batch_capacity
@@ -433,7 +456,7 @@ impl LlamaBackbone {
                 .ok()
                 .filter(|&t| (t as usize) < self.n_vocab)
                 .ok_or_else(|| {
-                    EngineError::Runtime(format!("token id {token} is outside the vocabulary"))
+                    EngineError::Llama(format!("token id {token} is outside the vocabulary"))
                 })?;
             // SAFETY: i < batch_capacity, the size the batch was made with, one sequence each.
             unsafe {
@@ -449,7 +472,7 @@ impl LlamaBackbone {
         // SAFETY: the batch is filled up to n_tokens.
         let rc = unsafe { sys::llama_decode(self.ctx.as_ptr(), self.batch) };
         if rc != 0 {
-            return Err(EngineError::Runtime(format!(
+            return Err(EngineError::Llama(format!(
                 "llama_decode returned {rc} ({})",
                 match rc {
                     1 => "no room in the KV cache",
@@ -465,9 +488,7 @@ impl LlamaBackbone {
             // SAFETY: row i was asked for; llama.cpp gives n_vocab floats.
             let row = unsafe { sys::llama_get_logits_ith(self.ctx.as_ptr(), i as i32) };
             if row.is_null() {
-                return Err(EngineError::Runtime(format!(
-                    "llama.cpp gave no logits for row {i}"
-                )));
+                return Err(EngineError::Llama(format!("no logits for row {i}")));
             }
             self.logits
                 .extend_from_slice(unsafe { std::slice::from_raw_parts(row, self.n_vocab) });
@@ -538,14 +559,14 @@ impl LlamaBackbone {
             .get(slot)
             .copied()
             .flatten()
-            .ok_or_else(|| EngineError::Runtime(format!("slot {slot} is not open")))
+            .ok_or_else(|| EngineError::Llama(format!("slot {slot} is not open")))
     }
 }
 
 impl BatchBackbone for LlamaBackbone {
     fn open(&mut self, slot: usize) -> Result<(), EngineError> {
         if slot >= self.lens.len() {
-            return Err(EngineError::Runtime(format!(
+            return Err(EngineError::Llama(format!(
                 "slot {slot}: this context runs {} sequences (--max-batch)",
                 self.lens.len()
             )));
@@ -559,7 +580,7 @@ impl BatchBackbone for LlamaBackbone {
                 let used: Vec<i32> = self.slots.iter().flatten().copied().collect();
                 let seq = (0..self.lens.len() as i32)
                     .find(|s| !used.contains(s))
-                    .ok_or_else(|| EngineError::Runtime("no free llama.cpp sequence".into()))?;
+                    .ok_or_else(|| EngineError::Llama("no free llama.cpp sequence".into()))?;
                 self.slots[slot] = Some(seq);
                 seq
             }
@@ -586,7 +607,7 @@ impl BatchBackbone for LlamaBackbone {
 
     fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError> {
         if slot >= running || running > self.slots.len() {
-            return Err(EngineError::Runtime(format!(
+            return Err(EngineError::Llama(format!(
                 "closing slot {slot} of {running} running"
             )));
         }
@@ -624,17 +645,23 @@ mod tests {
                 ("Vulkan0".to_owned(), 352.06)
             ]
         );
+        assert_eq!(p.gpu_weights_mib(), 352.06);
         p.gpus = vec!["Vulkan0 (AMD Radeon 8060S Graphics (RADV GFX1151))".into()];
         assert_eq!(
             p.to_string(),
-            "25/25 layers on Vulkan0 (AMD Radeon 8060S Graphics (RADV GFX1151)); weights in CPU_Mapped 138 MiB, Vulkan0 352 MiB"
+            "weights in CPU_Mapped 138 MiB, Vulkan0 352 MiB (offload of 25/25 layers to Vulkan0 (AMD Radeon 8060S Graphics (RADV GFX1151)))"
         );
+        // The offload line repeats the request: without a GPU buffer nothing was offloaded.
+        let asked = Placement::from_log(
+            "load_tensors: offloaded 25/25 layers to GPU\n\
+             load_tensors:   CPU_Mapped model buffer size =   4.25 MiB\n",
+        );
+        assert_eq!(asked.gpu_weights_mib(), 0.0);
         let cpu =
             Placement::from_log("load_tensors:   CPU_Mapped model buffer size =   10.00 MiB\n");
-        assert_eq!(cpu.gpu_layers(), 0);
         assert_eq!(
             cpu.to_string(),
-            "no GPU offload in this llama.cpp build; weights in CPU_Mapped 10 MiB"
+            "weights in CPU_Mapped 10 MiB (no GPU offload in this llama.cpp build)"
         );
     }
 }

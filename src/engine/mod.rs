@@ -57,6 +57,9 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("onnx runtime: {0}")]
     Runtime(String),
+    /// A call into llama.cpp failed (the engine's own words, or llama.cpp's log lines).
+    #[error("llama.cpp: {0}")]
+    Llama(String),
     #[error("model graph: {0}")]
     Graph(String),
     #[error("sampling: {0}")]

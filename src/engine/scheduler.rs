@@ -542,6 +542,7 @@ fn again(e: &EngineError) -> EngineError {
             capacity: *capacity,
         },
         EngineError::Graph(m) => EngineError::Graph(m.clone()),
+        EngineError::Llama(m) => EngineError::Llama(m.clone()),
         other => EngineError::Runtime(other.to_string()),
     }
 }

@@ -180,6 +180,7 @@ impl<R: Read> Reader<'_, R> {
             10 => Value::Int(i64::from_le_bytes(self.bytes(W)?)), // u64 (ids and sizes fit)
             11 => Value::Int(i64::from_le_bytes(self.bytes(W)?)),
             12 => Value::Float(f64::from_le_bytes(self.bytes(W)?)),
+            9 => return Err(self.invalid("a metadata array nested in an array".into())),
             _ => return Err(self.invalid(format!("unknown metadata value type {ty}"))),
         })
     }
@@ -231,7 +232,7 @@ impl GgufModel {
             let value = r.value(ty, 0)?;
             metadata.insert(key, value);
         }
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity(n_tensors.min(1 << 16) as usize);
         for _ in 0..n_tensors {
             let name = r.string("tensor table")?;
             let n_dims = r.u32("tensor table")?;
@@ -270,7 +271,7 @@ impl GgufModel {
             };
             let elems = t.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
             let end = elems
-                .map(|e| e.div_ceil(block_elems) * block_bytes)
+                .and_then(|e| e.div_ceil(block_elems).checked_mul(block_bytes))
                 .and_then(|size| data_start.checked_add(t.offset)?.checked_add(size));
             match end {
                 Some(end) if end <= file_len => {}
@@ -366,7 +367,29 @@ impl GgufModel {
                 vocab.end
             )));
         }
+        if tokens.len() as u64 != n_vocab {
+            return Err(self.invalid(format!(
+                "tokenizer.ggml.tokens has {} entries but the output layer {n_vocab} rows",
+                tokens.len()
+            )));
+        }
         let text_of = |id: u32| tokens.get(id as usize).copied();
+        // The prompt's control tokens too: our front end feeds tokenizer.json's ids for them.
+        for (id, want) in [
+            (
+                vocab.generation_start,
+                super::vocab::SPEECH_GENERATION_START,
+            ),
+            (vocab.text_prompt_start, super::vocab::TEXT_PROMPT_START),
+            (vocab.text_prompt_end, super::vocab::TEXT_PROMPT_END),
+        ] {
+            if text_of(id) != Some(want) {
+                return Err(self.invalid(format!(
+                    "id {id} is {want} in tokenizer.json but {} in the GGUF's vocabulary: the GGUF and the tokenizer do not belong together",
+                    text_of(id).map_or_else(|| "missing".to_owned(), |t| format!("{t:?}"))
+                )));
+            }
+        }
         let end = text_of(vocab.end);
         if end != Some(SPEECH_GENERATION_END) {
             return Err(self.invalid(format!(
@@ -407,6 +430,7 @@ impl GgufModel {
         let hidden = get("embedding_length")?;
         let heads = get("attention.head_count")?;
         let kv_heads = get("attention.head_count_kv").unwrap_or(heads);
+        let head_size = get("attention.key_length").unwrap_or(hidden / heads.max(1));
         let layers = get("block_count")?;
         let context_length = get("context_length")?;
         let vocab_size = usize::try_from(self.n_vocab()?)
@@ -431,7 +455,7 @@ impl GgufModel {
                         .map(|n| n.to_string_lossy().into_owned())
                         .unwrap_or_default(),
                     session_options: Default::default(),
-                    head_size: hidden / heads,
+                    head_size,
                     hidden_size: hidden,
                     num_attention_heads: heads,
                     num_hidden_layers: layers,
@@ -463,9 +487,11 @@ impl<R: Read> Read for CountingReader<R> {
     }
 }
 
-/// The GGUF backbone of a package directory: its one `*.gguf` file.
-pub fn find_in(dir: &Path) -> Result<Option<PathBuf>, std::io::Error> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)?
+/// The GGUF backbone of a package directory: its one `*.gguf` file (several: an error naming
+/// them, since which one was meant cannot be guessed).
+pub fn find_in(dir: &Path) -> Result<Option<PathBuf>, String> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot list: {e}"))?
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| {
@@ -475,7 +501,19 @@ pub fn find_in(dir: &Path) -> Result<Option<PathBuf>, std::io::Error> {
         })
         .collect();
     found.sort();
-    Ok(found.into_iter().next())
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop()),
+        _ => Err(format!(
+            "{} GGUF files ({}); a package holds one backbone: move the others out",
+            found.len(),
+            found
+                .iter()
+                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -570,7 +608,10 @@ pub(crate) mod tests {
 
     /// A vocabulary with the speech block of [`vocab`] (ids 10..10+65536, end 9).
     fn tokens() -> Vec<String> {
-        let mut t: Vec<String> = (0..9).map(|i| format!("t{i}")).collect();
+        let mut t: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
+        t.push(super::super::vocab::TEXT_PROMPT_START.into());
+        t.push(super::super::vocab::TEXT_PROMPT_END.into());
+        t.push(super::super::vocab::SPEECH_GENERATION_START.into());
         t.push(SPEECH_GENERATION_END.into());
         t.extend((0..SPEECH_CODES).map(|c| format!("<|speech_{c}|>")));
         t
@@ -623,6 +664,18 @@ pub(crate) mod tests {
         assert_eq!(facts.model.vocab_size, 10 + 65_536);
         assert_eq!(facts.model.eos_token_id.to_vec(), vec![9]);
         assert_eq!(facts.token_budget(), GGUF_SEQUENCE_BUDGET);
+    }
+
+    #[test]
+    fn a_package_with_two_ggufs_names_them() {
+        let dir = crate::testutil::tempdir("gguf-two");
+        write(&dir, "a.gguf", b"GGUF");
+        write(&dir, "b.GGUF", b"GGUF");
+        let err = find_in(&dir).unwrap_err();
+        assert_eq!(
+            err,
+            "2 GGUF files (a.gguf, b.GGUF); a package holds one backbone: move the others out"
+        );
     }
 
     #[test]

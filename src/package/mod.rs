@@ -187,8 +187,10 @@ pub struct ModelPackage {
 struct HfConfig {
     #[serde(default)]
     neuphonic: Option<NeuphonicSection>,
+    /// Read leniently: only a GGUF package uses it, and an ONNX package's config.json must load
+    /// as it always did whatever this holds.
     #[serde(default)]
-    eos_token_id: genai::TokenIds,
+    eos_token_id: serde_json::Value,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -275,9 +277,9 @@ impl ModelPackage {
     /// A directory without genai_config.json whose backbone is a `*.gguf` file is a GGUF package.
     pub fn load(dir: &Path, codec_dir: Option<&Path>) -> Result<Self, PackageError> {
         let gguf = if dir.is_dir() && !dir.join("genai_config.json").exists() {
-            gguf::find_in(dir).map_err(|e| PackageError::Invalid {
+            gguf::find_in(dir).map_err(|msg| PackageError::Invalid {
                 path: dir.to_path_buf(),
-                msg: format!("cannot list: {e}"),
+                msg,
             })?
         } else {
             None
@@ -362,10 +364,30 @@ impl ModelPackage {
         let mut stop_ids = vec![vocab.end];
         // A GGUF names one eos id; the checkpoint's config.json may name more (onnxruntime-genai's
         // builder puts both in genai_config.json, so an ONNX package stops at the same ids).
-        let hf_eos = match format {
-            BackboneFormat::Gguf => hf.eos_token_id.to_vec(),
-            BackboneFormat::Onnx => Vec::new(),
-        };
+        let hf_eos: Vec<u32> = match (format, &hf.eos_token_id) {
+            (BackboneFormat::Gguf, serde_json::Value::Number(n)) => {
+                n.as_u64().into_iter().collect()
+            }
+            (BackboneFormat::Gguf, serde_json::Value::Array(a)) => {
+                a.iter().filter_map(serde_json::Value::as_u64).collect()
+            }
+            _ => Vec::new(),
+        }
+        .into_iter()
+        .filter_map(|id| u32::try_from(id).ok())
+        .collect();
+        if let Some(&id) = hf_eos
+            .iter()
+            .find(|&&id| id as usize >= genai.model.vocab_size)
+        {
+            return Err(PackageError::Invalid {
+                path: hf_path.clone(),
+                msg: format!(
+                    "eos_token_id {id} is outside the model's {} logits",
+                    genai.model.vocab_size
+                ),
+            });
+        }
         for id in genai.model.eos_token_id.to_vec().into_iter().chain(hf_eos) {
             if !stop_ids.contains(&id) {
                 stop_ids.push(id);
