@@ -7,7 +7,7 @@
 //! tokenizer's, so both must give every speech id the same token).
 
 use std::collections::BTreeMap;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 
 use super::genai::{DecoderSection, GenaiConfig, ModelSection, SearchSection, TokenIds};
@@ -196,12 +196,9 @@ impl GgufModel {
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();
-        let mut counted = CountingReader {
-            inner: BufReader::new(file),
-            read: 0,
-        };
+        let mut file = BufReader::new(file);
         let mut r = Reader {
-            inner: &mut counted,
+            inner: &mut file,
             path,
         };
         let magic = r.bytes::<4>("header")?;
@@ -257,7 +254,9 @@ impl GgufModel {
             .and_then(Value::as_u64)
             .unwrap_or(DEFAULT_ALIGNMENT)
             .max(1);
-        let data_start = counted.read.div_ceil(alignment) * alignment;
+        // BufReader's position counts what was read, not what it buffered ahead.
+        let read = file.stream_position().map_err(io)?;
+        let data_start = read.div_ceil(alignment) * alignment;
         let model = Self {
             path: path.to_path_buf(),
             version,
@@ -471,19 +470,6 @@ impl GgufModel {
         };
         config.validate().map_err(|m| self.invalid(m))?;
         Ok(config)
-    }
-}
-
-struct CountingReader<R> {
-    inner: R,
-    read: u64,
-}
-
-impl<R: Read> Read for CountingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.read += n as u64;
-        Ok(n)
     }
 }
 
