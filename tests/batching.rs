@@ -413,7 +413,7 @@ fn a_sequence_sees_the_same_logits_whatever_runs_beside_it() {
     for (i, p) in prompts.iter().enumerate() {
         for s in 0..2 {
             b.open(s).unwrap();
-            b.extend(s, p).unwrap();
+            b.extend(s, p, &[]).unwrap();
         }
         let mut rows = Vec::new();
         for t in 0..steps {
@@ -425,7 +425,7 @@ fn a_sequence_sees_the_same_logits_whatever_runs_beside_it() {
         b.close(1, 2).unwrap();
         b.close(0, 1).unwrap();
         b.open(0).unwrap();
-        b.extend(0, p).unwrap();
+        b.extend(0, p, &[]).unwrap();
         let mut alone = Vec::new();
         for t in 0..steps {
             alone.push(b.step(&[feed(i, t)]).unwrap().to_vec());
@@ -438,7 +438,7 @@ fn a_sequence_sees_the_same_logits_whatever_runs_beside_it() {
     let mut slots: Vec<usize> = (0..prompts.len()).collect();
     for (slot, p) in prompts.iter().enumerate() {
         b.open(slot).unwrap();
-        b.extend(slot, p).unwrap();
+        b.extend(slot, p, &[]).unwrap();
     }
     let mut rounding = 0.0f32;
     for t in 0..steps {

@@ -10,8 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use onebit_tts::engine::{
-    Backbone, Candidates, Device, GenerationParams, KvMode, LlamaAttention, LlamaBackbone,
-    LlamaOptions, LocalEngine, SamplingParams, Scheduler, SchedulerOptions,
+    Backbone, CancelToken, Candidates, Device, EngineError, GenerationParams, KvMode,
+    LlamaAttention, LlamaBackbone, LlamaOptions, LocalEngine, SamplingParams, Scheduler,
+    SchedulerOptions,
 };
 use onebit_tts::package::{BackboneFormat, ModelPackage};
 
@@ -149,7 +150,9 @@ fn logits_follow_the_onnx_runtime_backbone_within_float32_rounding() {
     let (onnx, mut ort) = common::load_ort(&common::model("tiny-random-exact"), KvMode::Shared);
     let mut ll = llama(&gguf, 1);
     let c = Candidates::of(&onnx);
-    for prompt in common::speech_prompts(&onnx, common::PROMPT_SPECS) {
+    // 1500 tokens go to llama.cpp in three ubatch pieces of ours: positions run on across them.
+    let specs = [common::PROMPT_SPECS, &[(1500, 4242)]].concat();
+    for prompt in common::speech_prompts(&onnx, &specs) {
         let want = common::generate_all(&mut ort, &c, &prompt, &greedy(60));
         let ids: Vec<u32> = want
             .codes
@@ -157,8 +160,11 @@ fn logits_follow_the_onnx_runtime_backbone_within_float32_rounding() {
             .map(|&code| onnx.vocab.code_to_id(code))
             .collect();
         let (diff, scale) = teacher_forced(&mut ort, &mut ll, &prompt, &ids);
+        // Rounding grows with the positions attention sums over: within 1e-5 of the scale up
+        // to 300, 1.02e-5 measured at 1523 (the same when llama.cpp cuts the run itself).
+        let tolerance = if prompt.len() > 1000 { 2e-5 } else { 1e-5 };
         assert!(
-            diff <= 1e-5 * scale.max(1.0),
+            diff <= tolerance * scale.max(1.0),
             "prompt of {}: logits differ by up to {diff} on a scale of {scale}",
             prompt.len()
         );
@@ -206,6 +212,37 @@ fn batched_sequences_make_the_codes_they_make_alone() {
                 >= 2,
             "max_batch {max_batch}: the jobs never shared a step"
         );
+    }
+}
+
+#[test]
+fn a_cancelled_prefill_stops_inside_llama_decode_and_the_backbone_goes_on() {
+    let (onnx, gguf) = pair("tiny");
+    let mut ll = llama(&gguf, 1);
+    let mut fresh = llama(&gguf, 1);
+    let idle = CancelToken::new();
+    let fired = CancelToken::new();
+    fired.cancel();
+    // 300 tokens are one ubatch: only llama.cpp's abort callback, asked between graph nodes,
+    // can stop it (llama_decode returns 2); 1500 tokens are stopped in their first piece too.
+    for prompt in common::speech_prompts(&onnx, &[(300, 65_400), (1500, 4242)]) {
+        let err = ll.prefill(&prompt, &[&idle, &fired]).unwrap_err();
+        assert!(
+            matches!(err, EngineError::Interrupted),
+            "prompt of {}: {err}",
+            prompt.len()
+        );
+        // The interrupted sequence left nothing behind.
+        ll.reset();
+        let got = ll.prefill(&prompt, &[&idle]).unwrap().to_vec();
+        fresh.reset();
+        assert_eq!(
+            got,
+            fresh.append(&prompt).unwrap(),
+            "prompt of {}",
+            prompt.len()
+        );
+        assert_eq!(ll.len(), prompt.len());
     }
 }
 

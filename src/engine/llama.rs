@@ -131,6 +131,14 @@ unsafe extern "C" fn on_log(level: sys::ggml_log_level, text: *const c_char, _: 
     }
 }
 
+/// llama.cpp's abort callback: true stops the running `llama_decode` (it then returns 2).
+unsafe extern "C" fn on_abort(data: *mut c_void) -> bool {
+    // SAFETY: `decode_piece` passes a pointer to its `&[&CancelToken]`, alive for the call, and
+    // CancelToken is an atomic flag (read from whichever thread ggml computes on).
+    let cancel = unsafe { &*(data as *const &[&super::CancelToken]) };
+    cancel.iter().any(|c| c.is_cancelled())
+}
+
 /// llama.cpp's process-wide start: backends registered, its log routed to tracing.
 fn init() {
     static INIT: Once = Once::new();
@@ -210,6 +218,8 @@ pub struct LlamaBackbone {
     model: NonNull<sys::llama_model>,
     batch: sys::llama_batch,
     batch_capacity: usize,
+    /// The most tokens llama.cpp computes in one graph (its ubatch).
+    n_ubatch: usize,
     n_vocab: usize,
     budget: usize,
     /// Slot `i` of the batch is llama.cpp's sequence `slots[i]` (`None`: moved away).
@@ -396,6 +406,10 @@ impl LlamaBackbone {
             ))
         })?;
         let batch_capacity = budget.max(max_batch);
+        // SAFETY: the context is made.
+        let n_ubatch = usize::try_from(unsafe { sys::llama_n_ubatch(ctx.as_ptr()) })
+            .unwrap_or(1)
+            .max(1);
         // SAFETY: a token batch (no embeddings), each token in one sequence.
         let batch = unsafe { sys::llama_batch_init(batch_capacity as i32, 0, 1) };
 
@@ -419,6 +433,7 @@ impl LlamaBackbone {
             model: model_ptr,
             batch,
             batch_capacity,
+            n_ubatch,
             n_vocab,
             budget,
             slots: Vec::new(),
@@ -435,9 +450,20 @@ impl LlamaBackbone {
         &self.placement
     }
 
-    /// Decodes `(token, sequence)` pairs in one call, each at its sequence's next position;
-    /// `rows` of them (the last `rows`, in order) give a logits row each into `self.logits`.
-    fn decode(&mut self, tokens: &[(u32, i32)], rows: usize) -> Result<&[f32], EngineError> {
+    /// Decodes `(token, sequence)` pairs, each at its sequence's next position; `rows` of them
+    /// (the last `rows`, in order) give a logits row each into `self.logits`.
+    ///
+    /// A long run goes to llama.cpp in pieces of its ubatch size, the pieces llama.cpp would cut
+    /// it into itself (the same computation), so that `cancel` is looked at between them on any
+    /// backend; inside a piece, llama.cpp's abort callback looks at it between graph nodes on the
+    /// CPU backend. Stopped or failed, the sequences of the run are forgotten: they hold part of
+    /// it, and a failed run leaves no sequence usable.
+    fn decode(
+        &mut self,
+        tokens: &[(u32, i32)],
+        rows: usize,
+        cancel: &[&super::CancelToken],
+    ) -> Result<&[f32], EngineError> {
         if tokens.is_empty() || tokens.len() > self.batch_capacity {
             return Err(EngineError::Llama(format!(
                 "a decode of {} tokens (this context takes 1 to {})",
@@ -446,8 +472,8 @@ impl LlamaBackbone {
             )));
         }
         let mut next = self.lens.clone();
-        let first_row = tokens.len() - rows;
-        for (i, &(token, seq)) in tokens.iter().enumerate() {
+        let mut placed = Vec::with_capacity(tokens.len());
+        for &(token, seq) in tokens {
             let s = seq as usize;
             if next[s] >= self.budget {
                 return Err(super::too_long(next[s] + 1, self.budget, None));
@@ -458,42 +484,100 @@ impl LlamaBackbone {
                 .ok_or_else(|| {
                     EngineError::Llama(format!("token id {token} is outside the vocabulary"))
                 })?;
-            // SAFETY: i < batch_capacity, the size the batch was made with, one sequence each.
-            unsafe {
-                *self.batch.token.add(i) = token;
-                *self.batch.pos.add(i) = next[s] as i32;
-                *self.batch.n_seq_id.add(i) = 1;
-                *(*self.batch.seq_id.add(i)) = seq;
-                *self.batch.logits.add(i) = i8::from(i >= first_row);
-            }
+            placed.push((token, next[s] as i32, seq));
             next[s] += 1;
         }
-        self.batch.n_tokens = tokens.len() as i32;
-        // SAFETY: the batch is filled up to n_tokens.
-        let rc = unsafe { sys::llama_decode(self.ctx.as_ptr(), self.batch) };
-        if rc != 0 {
-            return Err(EngineError::Llama(format!(
-                "llama_decode returned {rc} ({})",
-                match rc {
-                    1 => "no room in the KV cache",
-                    2 => "aborted",
-                    -1 => "invalid batch",
-                    _ => "a compute error",
-                }
-            )));
+        let first_row = tokens.len() - rows;
+        self.logits.clear();
+        let piece = self.n_ubatch;
+        let mut result = Ok(());
+        for (k, part) in placed.chunks(piece).enumerate() {
+            if k > 0 && cancel.iter().any(|c| c.is_cancelled()) {
+                result = Err(EngineError::Interrupted);
+                break;
+            }
+            result = self.decode_piece(part, k * piece, first_row, cancel);
+            if result.is_err() {
+                break;
+            }
+        }
+        if let Err(e) = result {
+            let mut seqs: Vec<i32> = tokens.iter().map(|&(_, s)| s).collect();
+            seqs.sort_unstable();
+            seqs.dedup();
+            seqs.into_iter().for_each(|s| self.forget(s));
+            return Err(e);
         }
         self.lens = next;
-        self.logits.clear();
-        for i in first_row..tokens.len() {
-            // SAFETY: row i was asked for; llama.cpp gives n_vocab floats.
-            let row = unsafe { sys::llama_get_logits_ith(self.ctx.as_ptr(), i as i32) };
+        Ok(&self.logits)
+    }
+
+    /// One `llama_decode` of `(token, position, sequence)` triples that start at index `offset`
+    /// of the run; the rows from `first_row` on are appended to `self.logits`.
+    fn decode_piece(
+        &mut self,
+        part: &[(i32, i32, i32)],
+        offset: usize,
+        first_row: usize,
+        cancel: &[&super::CancelToken],
+    ) -> Result<(), EngineError> {
+        for (i, &(token, pos, seq)) in part.iter().enumerate() {
+            // SAFETY: i < part.len() <= batch_capacity, the size the batch was made with, and
+            // each token in one sequence.
+            unsafe {
+                *self.batch.token.add(i) = token;
+                *self.batch.pos.add(i) = pos;
+                *self.batch.n_seq_id.add(i) = 1;
+                *(*self.batch.seq_id.add(i)) = seq;
+                *self.batch.logits.add(i) = i8::from(offset + i >= first_row);
+            }
+        }
+        self.batch.n_tokens = part.len() as i32;
+        let ctx = self.ctx.as_ptr();
+        let watch: &[&super::CancelToken] = cancel;
+        // SAFETY: the batch is filled up to n_tokens. The abort callback's data is `watch`,
+        // which outlives the call, and the callback is taken away again before it returns.
+        let rc = unsafe {
+            if !watch.is_empty() {
+                sys::llama_set_abort_callback(
+                    ctx,
+                    Some(on_abort),
+                    &watch as *const &[&super::CancelToken] as *mut c_void,
+                );
+            }
+            let rc = sys::llama_decode(ctx, self.batch);
+            if !watch.is_empty() {
+                sys::llama_set_abort_callback(ctx, None, std::ptr::null_mut());
+            }
+            rc
+        };
+        match rc {
+            0 => {}
+            2 => return Err(EngineError::Interrupted),
+            _ => {
+                return Err(EngineError::Llama(format!(
+                    "llama_decode returned {rc} ({})",
+                    match rc {
+                        1 => "no room in the KV cache",
+                        -1 => "invalid batch",
+                        _ => "a compute error",
+                    }
+                )));
+            }
+        }
+        for i in first_row.saturating_sub(offset)..part.len() {
+            // SAFETY: row i of this piece was asked for; llama.cpp gives n_vocab floats.
+            let row = unsafe { sys::llama_get_logits_ith(ctx, i as i32) };
             if row.is_null() {
-                return Err(EngineError::Llama(format!("no logits for row {i}")));
+                return Err(EngineError::Llama(format!(
+                    "no logits for row {}",
+                    offset + i
+                )));
             }
             self.logits
                 .extend_from_slice(unsafe { std::slice::from_raw_parts(row, self.n_vocab) });
         }
-        Ok(&self.logits)
+        Ok(())
     }
 
     fn forget(&mut self, seq: i32) {
@@ -527,8 +611,16 @@ impl Backbone for LlamaBackbone {
     }
 
     fn append(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        self.prefill(tokens, &[])
+    }
+
+    fn prefill(
+        &mut self,
+        tokens: &[u32],
+        cancel: &[&super::CancelToken],
+    ) -> Result<&[f32], EngineError> {
         let pairs: Vec<(u32, i32)> = tokens.iter().map(|&t| (t, 0)).collect();
-        self.decode(&pairs, 1)
+        self.decode(&pairs, 1, cancel)
     }
 
     fn len(&self) -> usize {
@@ -589,10 +681,15 @@ impl BatchBackbone for LlamaBackbone {
         Ok(())
     }
 
-    fn extend(&mut self, slot: usize, tokens: &[u32]) -> Result<&[f32], EngineError> {
+    fn extend(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        cancel: &[&super::CancelToken],
+    ) -> Result<&[f32], EngineError> {
         let seq = self.seq_of(slot)?;
         let pairs: Vec<(u32, i32)> = tokens.iter().map(|&t| (t, seq)).collect();
-        self.decode(&pairs, 1)
+        self.decode(&pairs, 1, cancel)
     }
 
     fn step(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
@@ -602,7 +699,7 @@ impl BatchBackbone for LlamaBackbone {
             .map(|(i, &t)| Ok((t, self.seq_of(i)?)))
             .collect::<Result<Vec<_>, EngineError>>()?;
         let rows = pairs.len();
-        self.decode(&pairs, rows)
+        self.decode(&pairs, rows, &[])
     }
 
     fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError> {

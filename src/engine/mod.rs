@@ -55,6 +55,11 @@ pub enum EngineError {
     StaticKvFull { prompt: usize, capacity: usize },
     #[error("the prompt is empty")]
     EmptyPrompt,
+    /// A cancel token fired inside a run that stops early ([`Backbone::prefill`],
+    /// [`BatchBackbone::extend`]); the sequence it ran for is gone. Callers end that request as
+    /// cancelled, never as a failure.
+    #[error("stopped by its cancel token during the run")]
+    Interrupted,
     #[error("onnx runtime: {0}")]
     Runtime(String),
     /// A call into llama.cpp failed (the engine's own words, or llama.cpp's log lines).
@@ -151,6 +156,12 @@ pub trait Backbone: Send {
     /// Appends `tokens` to the sequence and returns the logits row of the last one, laid out as
     /// [`Backbone::logits_layout`] says. The first call after `reset` is the prefill.
     fn append(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError>;
+    /// [`Backbone::append`] for a prompt, which may take seconds: a backbone that can stop inside
+    /// the run does so when one of `cancel` fires, with [`EngineError::Interrupted`] (the
+    /// sequence is then gone: `reset` before the next). Others run it whole.
+    fn prefill(&mut self, tokens: &[u32], _cancel: &[&CancelToken]) -> Result<&[f32], EngineError> {
+        self.append(tokens)
+    }
     /// Which token each logit of a row belongs to: index = id unless the model has a compact head.
     fn logits_layout(&self) -> LogitsLayout {
         LogitsLayout::Full
@@ -185,8 +196,15 @@ pub trait BatchBackbone {
     /// Starts a sequence in `slot`, forgetting what the slot held.
     fn open(&mut self, slot: usize) -> Result<(), EngineError>;
     /// Appends `tokens` to the sequence in `slot` alone (its prefill, or one chunk of it) and
-    /// returns the logits row of the last one.
-    fn extend(&mut self, slot: usize, tokens: &[u32]) -> Result<&[f32], EngineError>;
+    /// returns the logits row of the last one. As [`Backbone::prefill`], it may end early with
+    /// [`EngineError::Interrupted`] when one of `cancel` fires; the slot's sequence is then gone
+    /// (`open` starts it again) and the others are untouched.
+    fn extend(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        cancel: &[&CancelToken],
+    ) -> Result<&[f32], EngineError>;
     /// Appends `tokens[i]` to the sequence in slot `i`, for every `i`, in one run, and returns
     /// their logits rows one after another. A failure leaves no sequence usable.
     fn step(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError>;
@@ -383,7 +401,13 @@ pub fn generate(
     if cancel.is_cancelled() {
         return Ok(seq.cancelled());
     }
-    let mut logits = backbone.append(prompt)?;
+    let mut logits = match backbone.prefill(prompt, &[cancel]) {
+        Err(EngineError::Interrupted) => {
+            backbone.reset();
+            return Ok(seq.cancelled());
+        }
+        other => other?,
+    };
     while let Some(next) = seq.advance(logits, cancel, on_code)? {
         logits = backbone.append(&[next])?;
     }

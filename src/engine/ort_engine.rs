@@ -973,7 +973,14 @@ impl BatchBackbone for OrtBackbone {
         Ok(())
     }
 
-    fn extend(&mut self, slot: usize, tokens: &[u32]) -> Result<&[f32], EngineError> {
+    // A run of ONNX Runtime is not stopped from here: the scheduler cuts a prefill beside
+    // running sequences into chunks and checks the token between them.
+    fn extend(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        _cancel: &[&super::CancelToken],
+    ) -> Result<&[f32], EngineError> {
         if slot >= self.slots || self.past.len() != self.names.past.len() {
             return Err(EngineError::Runtime(format!("KV slot {slot} is not open")));
         }

@@ -424,8 +424,14 @@ impl Batch<'_> {
         }
         let slot = self.running.len();
         let end = p.job.prompt.len().min(p.done.saturating_add(take));
-        let logits = match self.backbone.extend(slot, &p.job.prompt[p.done..end]) {
+        let cancel = [&p.job.cancel, &p.job.stop];
+        let logits = match self
+            .backbone
+            .extend(slot, &p.job.prompt[p.done..end], &cancel)
+        {
             Ok(logits) => logits,
+            // Only this sequence was in the run; the slot is opened anew by the next admit.
+            Err(EngineError::Interrupted) => return p.job.done(Ok(p.seq.cancelled())),
             Err(e) => {
                 // A failed run leaves the cache unusable for every sequence in it.
                 p.job.done(Err(again(&e).into()));
