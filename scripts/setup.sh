@@ -45,11 +45,18 @@ has_libclang() {  # plain bash: the check runs with a minimal PATH too
   return 1
 }
 has_libclang || missing+=(libclang-dev)
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && [ "${ONEBIT_SETUP_INSTALL:-1}" != 0 ] && command -v apt-get >/dev/null; then
-    echo "setup: installing the build's system packages: ${missing[*]}"
+# Optional: ccache lets scripts/test.sh's clippy and test runs share one build of llama.cpp and
+# libopus (without it they are built twice). Installed beside the others as root, else noted.
+optional=()
+command -v ccache >/dev/null || optional+=(ccache)
+can_install() {
+  [ "$(id -u)" = 0 ] && [ "${ONEBIT_SETUP_INSTALL:-1}" != 0 ] && command -v apt-get >/dev/null
+}
+if [ ${#missing[@]} -gt 0 ] || { [ ${#optional[@]} -gt 0 ] && can_install; }; then
+  if can_install; then
+    echo "setup: installing the build's system packages: ${missing[*]} ${optional[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" "${optional[@]}"
   else
     echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test, chromium-headless-shell the web page test, libclang-dev the llama engine's bindings)" >&2
     if command -v apt-get >/dev/null; then
@@ -61,6 +68,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm, chromium-headless-shell, libclang)"
+command -v ccache >/dev/null ||
+  echo "setup: note: no ccache; scripts/test.sh builds llama.cpp twice (sudo apt-get install ccache saves ~4 min)"
 [ "${1:-}" = --prereqs-only ] && exit 0
 mkdir -p "$home"
 

@@ -5,6 +5,14 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
+# `cargo clippy` (check mode) and `cargo test` (build mode) each run the C/C++ build scripts of
+# llama-cpp-sys-2 (llama.cpp, ~4 min on 2 cores) and opusic-sys (libopus) in an OUT_DIR of their
+# own. With ccache as CMake's compiler launcher the second build is all cache hits; BASEDIR makes
+# the two OUT_DIRs' paths hash alike (NOHASHDIR: Release builds carry no debug paths).
+if command -v ccache >/dev/null; then
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+  export CCACHE_BASEDIR="${CARGO_TARGET_DIR:-$root/target}" CCACHE_NOHASHDIR=true
+fi
 bash scripts/gen-test-models.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
