@@ -471,6 +471,80 @@ fn bench_peers_run_onnxruntime_genai_on_the_same_prompts() {
     );
 }
 
+/// `bench --engine-only --also-model` runs our loop on a second package of the same model in the
+/// same run and table: here the GGUF conversion of models/tiny under the llama engine, whose
+/// greedy codes equal ONNX Runtime's on this package.
+#[cfg(feature = "llama")]
+#[test]
+fn bench_runs_both_engines_in_one_table() {
+    let base = [
+        "bench",
+        "-q",
+        "--model",
+        "models/tiny",
+        "--engine-only",
+        "--runs",
+        "1",
+        "--new-tokens",
+        "4",
+        "--prompt-lens",
+        "32,64",
+        "--also-model",
+        "models/tiny-gguf",
+    ];
+    let o = cli(&base);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = common::stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("engine ort: "), "{out}");
+    assert!(lines[1] == "device ort: cpu", "{out}");
+    assert!(lines[2].starts_with("engine llama: llama.cpp "), "{out}");
+    assert!(lines[3] == "device llama: cpu", "{out}");
+    let head = lines.iter().find(|l| l.contains("prefill ms")).unwrap();
+    assert!(
+        head.trim_start().starts_with("engine") && head.contains("x ort"),
+        "{out}"
+    );
+    for (engine, prompt) in [
+        ("ort", "32"),
+        ("ort", "64"),
+        ("llama", "32"),
+        ("llama", "64"),
+    ] {
+        assert!(
+            lines.iter().any(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells.first() == Some(&engine) && cells.get(1) == Some(&prompt)
+            }),
+            "no {engine} row at {prompt} tokens: {out}"
+        );
+    }
+    assert!(
+        out.contains("llama: greedy tokens equal to ort's from the start: 4/4, 4/4"),
+        "{out}"
+    );
+
+    let mut json = base.to_vec();
+    json.push("--json");
+    let o = cli(&json);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    assert_eq!(v["label"], "ort");
+    assert_eq!(v["also"][0]["label"], "llama");
+    assert_eq!(v["also"][0]["device"], "cpu");
+    assert_eq!(v["also"][0]["ours"].as_array().unwrap().len(), 2);
+    assert_eq!(v["also"][0]["greedy_agreement"], serde_json::json!([4, 4]));
+
+    // Only for --engine-only (clap names the missing flag on the line after its error line).
+    let o = cli(&["bench", "--also-model", "models/tiny-gguf"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("required arguments were not provided") && e.contains("--engine-only"),
+        "{e}"
+    );
+}
+
 /// `voices import --model` measures a reference by the exact prompt the model's front end builds
 /// for it: one token per code plus its transcript and the prompt frame, refused exactly where it
 /// leaves fewer than 50 of the 4096 context tokens for new codes.

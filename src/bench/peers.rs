@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::engine::{Candidates, EngineError};
-use crate::synth::{FrontEnd, SynthConfig, device_label, load_engine, resolve_dir};
+use crate::synth::{EngineKind, FrontEnd, SynthConfig, device_label, load_engine, resolve_dir};
 
 use super::{EngineRun, Stat, engine_only, files_mb, machine, peak_rss_mb, synthetic_prompt};
 
@@ -48,6 +48,11 @@ pub enum BenchError {
     },
     #[error("the {peer} peer's output: {msg}")]
     PeerOutput { peer: &'static str, msg: String },
+    #[error(
+        "--also-model {}: its tokenizer's speech vocabulary differs from {}'s, so the same prompt ids would mean other tokens; compare packages of one model",
+        .also.display(), .main.display()
+    )]
+    OtherVocabulary { also: PathBuf, main: PathBuf },
     #[error("the {peer} peer answered {got} of {want} prompts")]
     PeerShort {
         peer: &'static str,
@@ -70,6 +75,20 @@ pub struct EngineBench {
     pub llama_gguf: Option<PathBuf>,
     /// Threads the peers are given (the bench's --threads).
     pub peer_threads: Option<usize>,
+    /// More packages our loop runs on the same prompts, each with the engine its format takes.
+    pub also: Vec<PathBuf>,
+}
+
+/// Our loop on one package: the engine that ran and its measurements.
+#[derive(Debug, Clone)]
+pub struct OurEngine {
+    /// The engine's `--engine` name (`ort`, `llama`, `oga`; `#2`... on a repeat).
+    pub label: String,
+    pub engine: String,
+    /// As observed: an unproven NPU load is "cpu fallback", never "npu".
+    pub device: String,
+    pub runs: Vec<EngineRun>,
+    pub model_files_mb: f64,
 }
 
 /// The engine-only report: ours per prompt length, and each peer's.
@@ -81,9 +100,14 @@ pub struct EngineReport {
     pub residency: Option<crate::npu::Residency>,
     pub machine: String,
     pub ours: Vec<EngineRun>,
+    /// The `--engine` name of the first engine, when `also` is not empty.
+    pub label: String,
+    /// Our loop on the `--also-model` packages, in their order.
+    pub also: Vec<OurEngine>,
     pub peers: Vec<PeerRun>,
     /// Why the llama.cpp peer did not run, when it was not asked for by path and is not there.
     pub llama_note: Option<String>,
+    /// This process's peak: the engines ran one after another, each dropped before the next.
     pub peak_rss_mb: f64,
     pub model_files_mb: f64,
     pub new_tokens: usize,
@@ -103,7 +127,21 @@ pub fn run_engine_bench(
 ) -> Result<EngineReport, BenchError> {
     let front = FrontEnd::load(cfg)?;
     let pkg = front.package();
-    let mut engine = load_engine(cfg, pkg)?;
+    // Every package is read before any engine runs: the prompt lengths must fit them all.
+    let mut others = Vec::with_capacity(opts.also.len());
+    for dir in &opts.also {
+        let mut c = cfg.clone();
+        c.package_dir = resolve_dir(dir);
+        c.engine = EngineKind::Auto;
+        let f = FrontEnd::load(&c)?;
+        if f.package().vocab != pkg.vocab {
+            return Err(BenchError::OtherVocabulary {
+                also: f.package().dir.clone(),
+                main: pkg.dir.clone(),
+            });
+        }
+        others.push((c, f));
+    }
     let candidates = Candidates::of(pkg);
     let text_ids: Vec<u32> = pkg
         .tokenizer
@@ -111,22 +149,61 @@ pub fn run_engine_bench(
         .map_err(|e| BenchError::Tokenizer(e.to_string()))?
         .get_ids()
         .to_vec();
-    let budget = pkg.genai.token_budget();
+    let budget = others
+        .iter()
+        .map(|(_, f)| f.package().genai.token_budget())
+        .fold(pkg.genai.token_budget(), usize::min);
     let lens: Vec<usize> = opts
         .prompt_lens
         .iter()
         .copied()
         .filter(|&n| n + opts.new_tokens <= budget)
         .collect();
-    let ours = engine_only(
-        engine.as_mut(),
-        &candidates,
-        &text_ids,
-        &lens,
-        opts.new_tokens,
-        opts.runs,
-        progress,
-    )?;
+    let mut labels: Vec<String> = Vec::new();
+    let mut label_of = |kind: EngineKind| {
+        let name = kind.name();
+        let n = labels
+            .iter()
+            .filter(|l| l.split('#').next() == Some(name))
+            .count();
+        let label = if n == 0 {
+            name.to_owned()
+        } else {
+            format!("{name}#{}", n + 1)
+        };
+        labels.push(label.clone());
+        label
+    };
+    let mut measure = |cfg: &SynthConfig,
+                       pkg: &crate::package::ModelPackage,
+                       progress: &mut dyn FnMut(&str, usize, usize)|
+     -> Result<(OurEngine, Option<crate::npu::Residency>), BenchError> {
+        let label = label_of(cfg.engine.resolve(pkg.format));
+        let mut engine = load_engine(cfg, pkg)?;
+        let runs = engine_only(
+            engine.as_mut(),
+            &candidates,
+            &text_ids,
+            &lens,
+            opts.new_tokens,
+            opts.runs,
+            progress,
+        )?;
+        let residency = engine.worker().and_then(|w| w.residency());
+        let ours = OurEngine {
+            label,
+            engine: engine.describe(),
+            device: device_label(engine.device(), residency.as_ref()),
+            runs,
+            model_files_mb: files_mb(&pkg.dir),
+        };
+        Ok((ours, residency))
+    };
+    let (first, residency) = measure(cfg, pkg, progress)?;
+    let mut also = Vec::with_capacity(others.len());
+    for (c, f) in &others {
+        also.push(measure(c, f.package(), progress)?.0);
+    }
     let mut peers: Vec<PeerRun> = Vec::new();
     let mut llama_note = None;
     if opts.peers {
@@ -162,17 +239,18 @@ pub fn run_engine_bench(
             Err(note) => llama_note = Some(note),
         }
     }
-    let residency = engine.worker().and_then(|w| w.residency());
     Ok(EngineReport {
-        engine: engine.describe(),
-        device: device_label(engine.device(), residency.as_ref()),
+        engine: first.engine,
+        device: first.device,
         residency,
         machine: machine(),
-        ours,
+        ours: first.runs,
+        label: first.label,
+        also,
         peers,
         llama_note,
         peak_rss_mb: peak_rss_mb(),
-        model_files_mb: files_mb(&pkg.dir),
+        model_files_mb: first.model_files_mb,
         new_tokens: opts.new_tokens,
         runs: opts.runs,
     })
@@ -188,8 +266,18 @@ impl EngineReport {
             .collect()
     }
 
+    /// How many of another engine's greedy tokens equal the first engine's, per prompt length.
+    fn agreement_with_first(&self, other: &OurEngine) -> Vec<usize> {
+        self.ours
+            .iter()
+            .zip(&other.runs)
+            .map(|(o, r)| leading_agreement(&o.last_ids, &r.last_ids))
+            .collect()
+    }
+
     /// The JSON report. "onnxruntime_genai" / "llama_cpp": [prefill ms, decode tok/s] per
-    /// prompt length; "peers": who ran, on what, and how far its greedy tokens agree with ours.
+    /// prompt length; "peers": who ran, on what, and how far its greedy tokens agree with ours;
+    /// "also": our loop on the --also-model packages, with their agreement with the first.
     pub fn to_json(&self) -> serde_json::Value {
         let pairs = |key: &str| {
             self.peers.iter().find(|p| p.key == key).map(|p| {
@@ -210,48 +298,90 @@ impl EngineReport {
                 )
             })
             .collect();
+        let also: Vec<serde_json::Value> = self
+            .also
+            .iter()
+            .map(|a| {
+                serde_json::json!({"label": a.label, "engine": a.engine, "device": a.device,
+                    "ours": a.runs, "model_files_mb": a.model_files_mb,
+                    "greedy_agreement": self.agreement_with_first(a)})
+            })
+            .collect();
         serde_json::json!({"engine": self.engine, "device": self.device,
             "residency": self.residency, "machine": self.machine, "ours": self.ours,
+            "label": self.label, "also": also,
             "onnxruntime_genai": pairs("onnxruntime_genai"), "llama_cpp": pairs("llama_cpp"),
             "peers": about, "llama_cpp_note": self.llama_note,
             "peak_rss_mb": self.peak_rss_mb, "model_files_mb": self.model_files_mb})
     }
 
-    /// The table `bench --engine-only` prints.
+    /// The table `bench --engine-only` prints. With --also-model, a row per engine and prompt
+    /// length, the engines named by their `--engine` names.
     pub fn table(&self) -> String {
-        let mut s = format!(
-            "engine {}\ndevice {}\nmachine {}\n\n",
-            self.engine, self.device, self.machine
-        );
+        let multi = !self.also.is_empty();
+        let mut s = if multi {
+            let mut s = String::new();
+            for (label, engine, device) in
+                std::iter::once((&self.label, &self.engine, &self.device))
+                    .chain(self.also.iter().map(|a| (&a.label, &a.engine, &a.device)))
+            {
+                s.push_str(&format!(
+                    "engine {label}: {engine}\ndevice {label}: {device}\n"
+                ));
+            }
+            s.push_str(&format!("machine {}\n\n", self.machine));
+            s
+        } else {
+            format!(
+                "engine {}\ndevice {}\nmachine {}\n\n",
+                self.engine, self.device, self.machine
+            )
+        };
         // Stat's Display ignores width, so each cell is formatted first, then padded.
         let cell = |st: Stat, p: usize| format!("{:.p$} ± {:.p$}", st.median, st.half_range);
-        let mut rows: Vec<Vec<String>> = vec![
-            ["prompt", "prefill ms", "prefill tok/s", "decode codes/s"]
-                .map(String::from)
-                .to_vec(),
-        ];
-        for p in &self.peers {
-            rows[0].push(format!("{} decode tok/s", p.label));
-            rows[0].push(format!("x {}", p.short));
-            rows[0].push(format!("prefill x {}", p.short));
+        let mut head: Vec<String> = Vec::new();
+        if multi {
+            head.push("engine".into());
         }
-        for (i, r) in self.ours.iter().enumerate() {
-            let mut row = vec![
-                r.prompt_tokens.to_string(),
-                cell(r.prefill_ms, 1),
-                cell(r.prefill_tok_per_s, 0),
-                cell(r.decode_codes_per_s, 1),
-            ];
-            for p in &self.peers {
-                let pr = &p.per_prompt[i];
-                row.push(format!("{:.1}", pr.decode_tok_per_s.median));
-                row.push(format!(
-                    "{:.2}",
-                    r.decode_codes_per_s.median / pr.decode_tok_per_s.median
-                ));
-                row.push(format!("{:.2}", pr.prefill_ms.median / r.prefill_ms.median));
+        head.extend(["prompt", "prefill ms", "prefill tok/s", "decode codes/s"].map(String::from));
+        if multi {
+            head.push(format!("x {}", self.label));
+        }
+        for p in &self.peers {
+            head.push(format!("{} decode tok/s", p.label));
+            head.push(format!("x {}", p.short));
+            head.push(format!("prefill x {}", p.short));
+        }
+        let mut rows = vec![head];
+        let engines = std::iter::once((&self.label, &self.ours))
+            .chain(self.also.iter().map(|a| (&a.label, &a.runs)));
+        for (label, runs) in engines {
+            for (i, r) in runs.iter().enumerate() {
+                let mut row = Vec::new();
+                if multi {
+                    row.push(label.clone());
+                }
+                row.extend([
+                    r.prompt_tokens.to_string(),
+                    cell(r.prefill_ms, 1),
+                    cell(r.prefill_tok_per_s, 0),
+                    cell(r.decode_codes_per_s, 1),
+                ]);
+                if multi {
+                    let first = self.ours[i].decode_codes_per_s.median;
+                    row.push(format!("{:.2}", r.decode_codes_per_s.median / first));
+                }
+                for p in &self.peers {
+                    let pr = &p.per_prompt[i];
+                    row.push(format!("{:.1}", pr.decode_tok_per_s.median));
+                    row.push(format!(
+                        "{:.2}",
+                        r.decode_codes_per_s.median / pr.decode_tok_per_s.median
+                    ));
+                    row.push(format!("{:.2}", pr.prefill_ms.median / r.prefill_ms.median));
+                }
+                rows.push(row);
             }
-            rows.push(row);
         }
         let widths: Vec<usize> = (0..rows[0].len())
             .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
@@ -265,22 +395,54 @@ impl EngineReport {
             s.push_str(&line.join("  "));
             s.push('\n');
         }
+        let files = if multi {
+            let each: Vec<String> = std::iter::once((&self.label, self.model_files_mb))
+                .chain(self.also.iter().map(|a| (&a.label, a.model_files_mb)))
+                .map(|(l, mb)| format!("{l} {mb:.0} MiB"))
+                .collect();
+            format!("model files: {}", each.join(", "))
+        } else {
+            format!("model files {:.0} MiB", self.model_files_mb)
+        };
         s.push_str(&format!(
-            "\npeak RSS {:.0} MiB (this process; each peer runs in its own); model files {:.0} MiB; {} new codes per run, median ± half-range of {} runs\n",
-            self.peak_rss_mb, self.model_files_mb, self.new_tokens, self.runs
+            "\npeak RSS {:.0} MiB (this process{}; each peer runs in its own); {files}; {} new codes per run, median ± half-range of {} runs\n",
+            self.peak_rss_mb,
+            if multi { ", the engines one after another" } else { "" },
+            self.new_tokens,
+            self.runs
         ));
+        let ours = |n: usize| self.ours.get(n).map_or(0, |o| o.last_ids.len());
+        for a in &self.also {
+            let agree: Vec<String> = self
+                .agreement_with_first(a)
+                .iter()
+                .enumerate()
+                .map(|(i, n)| format!("{n}/{}", ours(i)))
+                .collect();
+            s.push_str(&format!(
+                "{}: greedy tokens equal to {}'s from the start: {}\n",
+                a.label,
+                self.label,
+                agree.join(", ")
+            ));
+        }
         for p in &self.peers {
             let agree: Vec<String> = self
                 .agreement(p)
                 .iter()
-                .zip(&self.ours)
-                .map(|(n, o)| format!("{n}/{}", o.last_ids.len()))
+                .enumerate()
+                .map(|(i, n)| format!("{n}/{}", ours(i)))
                 .collect();
             s.push_str(&format!(
-                "{}: {} on {}; greedy tokens equal to ours from the start: {}\n",
+                "{}: {} on {}; greedy tokens equal to {} from the start: {}\n",
                 p.label,
                 p.version,
                 p.model.display(),
+                if multi {
+                    format!("{}'s", self.label)
+                } else {
+                    "ours".to_owned()
+                },
                 agree.join(", ")
             ));
         }

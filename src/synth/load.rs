@@ -89,6 +89,18 @@ impl EngineKind {
     }
 }
 
+impl EngineKind {
+    /// The name `--engine` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Ort => "ort",
+            Self::Oga => "oga",
+            Self::Llama => "llama",
+        }
+    }
+}
+
 impl std::str::FromStr for EngineKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

@@ -45,6 +45,16 @@ pub struct BenchArgs {
     /// it with scripts/setup-llama-peer.sh, then tools/onnx_to_gguf.py PEER_MODEL.
     #[arg(long)]
     pub llama_gguf: Option<PathBuf>,
+    /// With --engine-only: also run our loop on these packages (each with the engine its format
+    /// takes: ONNX with ort, GGUF with llama) on the same prompts, in the same run and table,
+    /// e.g. a model's GGUF beside its ONNX package. They must share --model's vocabulary.
+    #[arg(
+        long = "also-model",
+        value_delimiter = ',',
+        requires = "engine_only",
+        conflicts_with = "concurrency"
+    )]
+    pub also_model: Vec<PathBuf>,
     /// Sampling temperature of the synthesis runs (vendor default 1.0; 0 is greedy).
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f32,
@@ -115,6 +125,7 @@ pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
             peer_model: args.peer_model.clone(),
             llama_gguf: args.llama_gguf.clone(),
             peer_threads: model.threads,
+            also: args.also_model.clone(),
         };
         let report = bench::peers::run_engine_bench(&cfg, &opts, &mut progress)?;
         bar.finish_and_clear();
