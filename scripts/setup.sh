@@ -52,11 +52,11 @@ command -v ccache >/dev/null || optional+=(ccache)
 can_install() {
   [ "$(id -u)" = 0 ] && [ "${ONEBIT_SETUP_INSTALL:-1}" != 0 ] && command -v apt-get >/dev/null
 }
-if [ ${#missing[@]} -gt 0 ] || { [ ${#optional[@]} -gt 0 ] && can_install; }; then
+if [ ${#missing[@]} -gt 0 ]; then
   if can_install; then
-    echo "setup: installing the build's system packages: ${missing[*]} ${optional[*]}"
+    echo "setup: installing the build's system packages: ${missing[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" "${optional[@]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   else
     echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test, chromium-headless-shell the web page test, libclang-dev the llama engine's bindings)" >&2
     if command -v apt-get >/dev/null; then
@@ -68,6 +68,11 @@ if [ ${#missing[@]} -gt 0 ] || { [ ${#optional[@]} -gt 0 ] && can_install; }; th
   fi
 fi
 echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm, chromium-headless-shell, libclang)"
+# An optional package never stops the setup: offline or without the package, it is a note.
+if [ ${#optional[@]} -gt 0 ] && can_install; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends "${optional[@]}"; } || echo "setup: note: could not install ${optional[*]} (optional)" >&2
+fi
 command -v ccache >/dev/null ||
   echo "setup: note: no ccache; scripts/test.sh builds llama.cpp twice (sudo apt-get install ccache saves ~4 min)"
 [ "${1:-}" = --prereqs-only ] && exit 0

@@ -11,7 +11,7 @@ bash scripts/setup.sh
 # the two OUT_DIRs' paths hash alike (NOHASHDIR: Release builds carry no debug paths).
 if command -v ccache >/dev/null; then
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
-  export CCACHE_BASEDIR="${CARGO_TARGET_DIR:-$root/target}" CCACHE_NOHASHDIR=true
+  export CCACHE_BASEDIR="$(realpath -m "${CARGO_TARGET_DIR:-$root/target}")" CCACHE_NOHASHDIR=true
 fi
 bash scripts/gen-test-models.sh
 cargo fmt --all --check

@@ -244,6 +244,17 @@ fn a_cancelled_prefill_stops_inside_llama_decode_and_the_backbone_goes_on() {
         );
         assert_eq!(ll.len(), prompt.len());
     }
+    // In a batch slot: the interrupted slot opens again with no reset and starts clean.
+    let prompt = &common::speech_prompts(&onnx, &[(300, 65_400)])[0];
+    let mut two = llama(&gguf, 2);
+    let b = two.batch().expect("two sequences batch");
+    b.open(0).unwrap();
+    let want = b.extend(0, prompt, &[&idle]).unwrap().to_vec();
+    b.open(0).unwrap();
+    let err = b.extend(0, prompt, &[&fired]).unwrap_err();
+    assert!(matches!(err, EngineError::Interrupted), "{err}");
+    b.open(0).unwrap();
+    assert_eq!(b.extend(0, prompt, &[&idle]).unwrap(), &want[..]);
 }
 
 fn say(model: &Path, extra: &[&str], out: &Path) -> std::process::Output {

@@ -100,7 +100,7 @@ pub struct EngineReport {
     pub residency: Option<crate::npu::Residency>,
     pub machine: String,
     pub ours: Vec<EngineRun>,
-    /// The `--engine` name of the first engine, when `also` is not empty.
+    /// The `--engine` name of the first engine (the table names engines by it with `also`).
     pub label: String,
     /// Our loop on the `--also-model` packages, in their order.
     pub also: Vec<OurEngine>,
@@ -127,7 +127,9 @@ pub fn run_engine_bench(
 ) -> Result<EngineReport, BenchError> {
     let front = FrontEnd::load(cfg)?;
     let pkg = front.package();
-    // Every package is read before any engine runs: the prompt lengths must fit them all.
+    // Every package is read, and its engine loaded once, before any engine runs: one that does
+    // not load, or holds fewer positions than the prompt lengths need, is refused up front.
+    let mut budget = usize::MAX;
     let mut others = Vec::with_capacity(opts.also.len());
     for dir in &opts.also {
         let mut c = cfg.clone();
@@ -140,8 +142,17 @@ pub fn run_engine_bench(
                 main: pkg.dir.clone(),
             });
         }
+        let probe = load_engine(&c, f.package())?;
+        budget = budget.min(
+            probe
+                .budget()
+                .unwrap_or_else(|| f.package().genai.token_budget()),
+        );
+        drop(probe);
         others.push((c, f));
     }
+    let engine = load_engine(cfg, pkg)?;
+    budget = budget.min(engine.budget().unwrap_or_else(|| pkg.genai.token_budget()));
     let candidates = Candidates::of(pkg);
     let text_ids: Vec<u32> = pkg
         .tokenizer
@@ -149,10 +160,6 @@ pub fn run_engine_bench(
         .map_err(|e| BenchError::Tokenizer(e.to_string()))?
         .get_ids()
         .to_vec();
-    let budget = others
-        .iter()
-        .map(|(_, f)| f.package().genai.token_budget())
-        .fold(pkg.genai.token_budget(), usize::min);
     let lens: Vec<usize> = opts
         .prompt_lens
         .iter()
@@ -174,12 +181,12 @@ pub fn run_engine_bench(
         labels.push(label.clone());
         label
     };
-    let mut measure = |cfg: &SynthConfig,
+    let mut measure = |mut engine: Box<dyn crate::engine::Engine>,
+                       cfg: &SynthConfig,
                        pkg: &crate::package::ModelPackage,
                        progress: &mut dyn FnMut(&str, usize, usize)|
      -> Result<(OurEngine, Option<crate::npu::Residency>), BenchError> {
         let label = label_of(cfg.engine.resolve(pkg.format));
-        let mut engine = load_engine(cfg, pkg)?;
         let runs = engine_only(
             engine.as_mut(),
             &candidates,
@@ -199,10 +206,11 @@ pub fn run_engine_bench(
         };
         Ok((ours, residency))
     };
-    let (first, residency) = measure(cfg, pkg, progress)?;
+    let (first, residency) = measure(engine, cfg, pkg, progress)?;
     let mut also = Vec::with_capacity(others.len());
     for (c, f) in &others {
-        also.push(measure(c, f.package(), progress)?.0);
+        let engine = load_engine(c, f.package())?;
+        also.push(measure(engine, c, f.package(), progress)?.0);
     }
     let mut peers: Vec<PeerRun> = Vec::new();
     let mut llama_note = None;
@@ -367,18 +375,31 @@ impl EngineReport {
                     cell(r.prefill_tok_per_s, 0),
                     cell(r.decode_codes_per_s, 1),
                 ]);
+                // Every engine and peer measured every length (or the bench failed); a missing
+                // cell still prints as one rather than panicking.
                 if multi {
-                    let first = self.ours[i].decode_codes_per_s.median;
-                    row.push(format!("{:.2}", r.decode_codes_per_s.median / first));
+                    row.push(self.ours.get(i).map_or_else(
+                        || "-".to_owned(),
+                        |o| {
+                            format!(
+                                "{:.2}",
+                                r.decode_codes_per_s.median / o.decode_codes_per_s.median
+                            )
+                        },
+                    ));
                 }
                 for p in &self.peers {
-                    let pr = &p.per_prompt[i];
-                    row.push(format!("{:.1}", pr.decode_tok_per_s.median));
-                    row.push(format!(
-                        "{:.2}",
-                        r.decode_codes_per_s.median / pr.decode_tok_per_s.median
-                    ));
-                    row.push(format!("{:.2}", pr.prefill_ms.median / r.prefill_ms.median));
+                    match p.per_prompt.get(i) {
+                        Some(pr) => {
+                            row.push(format!("{:.1}", pr.decode_tok_per_s.median));
+                            row.push(format!(
+                                "{:.2}",
+                                r.decode_codes_per_s.median / pr.decode_tok_per_s.median
+                            ));
+                            row.push(format!("{:.2}", pr.prefill_ms.median / r.prefill_ms.median));
+                        }
+                        None => row.extend(std::iter::repeat_n("-".to_owned(), 3)),
+                    }
                 }
                 rows.push(row);
             }
