@@ -1262,13 +1262,16 @@ async fn a_client_that_disconnects_mid_stream_cancels_its_generation() {
     drop(r);
 
     // The generation stops early, and is counted as cancelled.
-    let text = wait_metric(&c, &s, "onebit_generations_cancelled_total", |v| v == 1.0).await;
+    wait_metric(&c, &s, "onebit_generations_cancelled_total", |v| v == 1.0).await;
+    // The generation is counted when it ends; the request leaves `running` when its handler
+    // returns, a moment later (a read in between sees both).
+    let text = wait_metric(&c, &s, "onebit_running", |v| v == 0.0).await;
+    assert_eq!(metric(&text, "onebit_generations_cancelled_total"), 1.0);
     let stopped_at = metric(&text, "onebit_codes_generated_total");
     assert!(
         stopped_at > 0.0 && stopped_at < long as f64,
         "cancelled after {stopped_at} of {long} codes"
     );
-    assert_eq!(metric(&text, "onebit_running"), 0.0);
 
     // The next request runs, and it is the only thing generating codes now.
     let r = speak(
