@@ -432,14 +432,19 @@ impl EngineReport {
             self.new_tokens,
             self.runs
         ));
-        let ours = |n: usize| self.ours.get(n).map_or(0, |o| o.last_ids.len());
-        for a in &self.also {
-            let agree: Vec<String> = self
-                .agreement_with_first(a)
+        // "agreed/ours" per prompt length, for one agreement line.
+        let fractions = |agreed: Vec<usize>| -> Vec<String> {
+            agreed
                 .iter()
                 .enumerate()
-                .map(|(i, n)| format!("{n}/{}", ours(i)))
-                .collect();
+                .map(|(i, n)| {
+                    let of = self.ours.get(i).map_or(0, |o| o.last_ids.len());
+                    format!("{n}/{of}")
+                })
+                .collect()
+        };
+        for a in &self.also {
+            let agree = fractions(self.agreement_with_first(a));
             s.push_str(&format!(
                 "{}: greedy tokens equal to {}'s from the start: {}\n",
                 a.label,
@@ -448,12 +453,7 @@ impl EngineReport {
             ));
         }
         for p in &self.peers {
-            let agree: Vec<String> = self
-                .agreement(p)
-                .iter()
-                .enumerate()
-                .map(|(i, n)| format!("{n}/{}", ours(i)))
-                .collect();
+            let agree = fractions(self.agreement(p));
             s.push_str(&format!(
                 "{}: {} on {}; greedy tokens equal to {} from the start: {}\n",
                 p.label,
