@@ -88,12 +88,14 @@ GGUF_VERSION=0.19.0
 WYOMING_VERSION=1.10.2
 WEBSOCKET_CLIENT_VERSION=1.9.2
 TOKENIZERS_VERSION=0.23.3
+# Hugging Face's Python hub client: tests/pull.rs checks that `models pull` shares its cache.
+HF_HUB_VERSION=2.4.0
 
 if [ ! -x "$home/venv/bin/python" ]; then
   "$py" -m venv "$home/venv"
 fi
 stamp="$home/venv/.onebit-reqs"
-reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION wyoming==$WYOMING_VERSION websocket-client==$WEBSOCKET_CLIENT_VERSION ${ONEBIT_EXTRA_PIP:-}"
+reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION huggingface_hub==$HF_HUB_VERSION wyoming==$WYOMING_VERSION websocket-client==$WEBSOCKET_CLIENT_VERSION ${ONEBIT_EXTRA_PIP:-}"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
   echo "$reqs" > "$stamp"

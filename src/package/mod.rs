@@ -6,8 +6,10 @@
 
 pub mod genai;
 pub mod gguf;
+pub mod hub;
 pub mod logits;
 pub mod optimize;
+pub mod pull;
 pub mod vocab;
 
 use std::fmt;

@@ -19,8 +19,10 @@ use onebit_tts::text::Language;
 
 #[derive(Args, Clone)]
 pub struct ModelArgs {
-    /// Model package directory (genai_config.json, model.onnx, tokenizer.json, codec/).
-    /// Default: models/neutts-air when present, else the generated test package models/tiny.
+    /// Model package directory (genai_config.json, model.onnx, tokenizer.json, codec/; or a
+    /// GGUF package). Default: the first real package present of models/neutts-air,
+    /// models/neutts-air-q4, models/neutts-air-q8 (`models pull` makes the GGUF ones), else the
+    /// generated test package models/tiny.
     #[arg(long, env = "ONEBIT_MODEL")]
     pub model: Option<PathBuf>,
     /// NeuCodec decoder package directory (default: MODEL/codec).
@@ -164,12 +166,18 @@ pub struct GenArgs {
 }
 
 pub fn default_model() -> PathBuf {
-    let real = resolve_dir(Path::new("models/neutts-air"));
-    if real.join("genai_config.json").exists() {
-        real
-    } else {
-        resolve_dir(Path::new("models/tiny"))
-    }
+    [
+        "models/neutts-air",
+        "models/neutts-air-q4",
+        "models/neutts-air-q8",
+    ]
+    .iter()
+    .map(|p| resolve_dir(Path::new(p)))
+    .find(|dir| {
+        dir.join("genai_config.json").exists()
+            || onebit_tts::package::gguf::find_in(dir).is_ok_and(|g| g.is_some())
+    })
+    .unwrap_or_else(|| resolve_dir(Path::new("models/tiny")))
 }
 
 pub fn progress_bar(quiet: bool, len: u64, template: &str) -> ProgressBar {

@@ -103,7 +103,7 @@ fn run(cli: Cli) -> Result<()> {
             cmd: npu::NpuCmd::Probe { model, json },
         } => npu::npu_probe(&model, json),
         Cmd::Doctor { json, model } => npu::doctor_cmd(json, model),
-        Cmd::Models { cmd } => models::run(cmd),
+        Cmd::Models { cmd } => models::run(cmd, cli.quiet),
         Cmd::Voices { cmd } => voices::run(cmd, cli.quiet),
     }
 }

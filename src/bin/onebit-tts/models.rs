@@ -1,15 +1,45 @@
-//! `models`: check and optimize model packages.
+//! `models`: pull, check and optimize model packages.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Subcommand;
+use indicatif::ProgressBar;
 
+use onebit_tts::package::hub::{FetchProgress, Hub, HubConfig};
+use onebit_tts::package::pull::{self, Outcome, Placed, PullOptions, Target};
 use onebit_tts::package::{ModelPackage, optimize};
 use onebit_tts::synth::resolve_dir;
 
+use crate::args::progress_bar;
+
 #[derive(Subcommand)]
 pub enum ModelsCmd {
+    /// Fetch a model from the Hugging Face Hub into its cache (~/.cache/huggingface/hub, or
+    /// $HF_HOME/hub) and put a ready package in models/NAME when the files make one: neutts-air-q4
+    /// and -q8 (GGUF, --engine llama), neutts-air-npu (AMD's package, --device npu), neutts-air
+    /// (the checkpoint, for building), or any owner/name id. HF_ENDPOINT and HF_TOKEN are
+    /// honoured; an interrupted download resumes on the next run.
+    Pull {
+        /// A short name (neutts-air-q4, neutts-air-q8, neutts-air-npu, neutts-air) or a
+        /// repository id owner/name.
+        name: String,
+        /// Branch, tag or commit.
+        #[arg(long, default_value = "main")]
+        revision: String,
+        /// The package directory (default models/NAME).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Replace a directory that `models pull` did not make.
+        #[arg(long)]
+        force: bool,
+        /// The GGUF file to take from a repository that holds several.
+        #[arg(long)]
+        file: Option<String>,
+        /// The codec decoder's repository (e.g. the vendor's int8 variant).
+        #[arg(long, default_value = pull::CODEC_REPO)]
+        codec_repo: String,
+    },
     /// Validate a package and print its summary.
     Check {
         dir: PathBuf,
@@ -37,8 +67,104 @@ pub fn check_head(pkg: &ModelPackage) -> Result<()> {
     Ok(())
 }
 
-pub fn run(cmd: ModelsCmd) -> Result<()> {
+/// One bar per file download (a resumed one starts where its `.part` ended).
+struct Bars {
+    quiet: bool,
+    bar: Option<ProgressBar>,
+}
+
+impl FetchProgress for Bars {
+    fn start(&mut self, file: &str, size: u64, already: u64) {
+        let bar = self.bar.get_or_insert_with(|| {
+            progress_bar(
+                self.quiet,
+                size,
+                "{msg:30!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+            )
+        });
+        bar.set_length(size);
+        bar.set_position(already);
+        bar.set_message(file.rsplit('/').next().unwrap_or(file).to_owned());
+    }
+    fn advance(&mut self, bytes: u64) {
+        if let Some(b) = &self.bar {
+            b.inc(bytes);
+        }
+    }
+    fn done(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+fn pull_cmd(target: &str, opts: PullOptions, quiet: bool) -> Result<()> {
+    let target = Target::parse(target)?;
+    let hub = Hub::new(HubConfig::from_env())?;
+    let mut bars = Bars { quiet, bar: None };
+    let report = pull::pull(&hub, &target, &opts, &mut bars)?;
+    bars.done();
+    for s in &report.sources {
+        println!(
+            "{:<40} {} {} file(s), {} downloaded ({} bytes){}",
+            s.repo,
+            &s.commit[..s.commit.len().min(12)],
+            s.fetched,
+            s.downloaded,
+            s.bytes_downloaded,
+            if s.offline {
+                ", hub unreachable: from the cache"
+            } else {
+                ""
+            }
+        );
+    }
+    match &report.outcome {
+        Outcome::Package {
+            dir,
+            summary,
+            placed,
+        } => {
+            let what = match placed {
+                Placed::New => "in place",
+                Placed::Replaced => "updated",
+                Placed::UpToDate => "already up to date",
+            };
+            println!("{summary}");
+            println!("package {}: {what}", dir.display());
+        }
+        Outcome::Checkpoint { snapshot } => {
+            println!("checkpoint {}", snapshot.display());
+            println!(
+                "a checkpoint runs once built into an ONNX package with onnxruntime-genai's \
+                 model builder (docs/models.md, \"Real NeuTTS-air\")"
+            );
+        }
+        Outcome::Files { snapshot } => println!("files {}", snapshot.display()),
+    }
+    Ok(())
+}
+
+pub fn run(cmd: ModelsCmd, quiet: bool) -> Result<()> {
     match cmd {
+        ModelsCmd::Pull {
+            name,
+            revision,
+            dir,
+            force,
+            file,
+            codec_repo,
+        } => pull_cmd(
+            &name,
+            PullOptions {
+                revision,
+                dir,
+                force,
+                file,
+                codec_repo,
+            },
+            quiet,
+        ),
         ModelsCmd::Check { dir, codec } => {
             let pkg = ModelPackage::load(&resolve_dir(&dir), codec.as_deref())?;
             println!("{}", pkg.summary());

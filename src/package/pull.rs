@@ -1,0 +1,627 @@
+//! `models pull NAME`: fetches the public repositories a model needs from the Hugging Face Hub
+//! (through [`super::hub`], into the hub's cache) and, when they make a package, puts it
+//! together in `models/NAME/`: a GGUF build (the GGUF, the checkpoint's tokenizer.json and
+//! config.json, the NeuCodec decoder) or an ONNX package such as AMD's NPU package (its files and
+//! the codec). A checkpoint (safetensors) is fetched for `models build`. The package directory
+//! is assembled beside its final name, validated as `models check` does, and only then renamed
+//! into place: a failed pull leaves no half package, and a package is never replaced by a
+//! worse one.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::ModelPackage;
+use super::hub::{FetchProgress, Fetched, Hub, HubError, RepoFile, Snapshot};
+
+/// The vendor's NeuCodec decoder in ONNX (`codes` int32 [B,1,F] -> float32 [B,1,F*480]).
+pub const CODEC_REPO: &str = "neuphonic/neucodec-onnx-decoder";
+
+/// Short names for the vendor's and AMD's repositories: (name, repository, what it is).
+pub const KNOWN: &[(&str, &str, &str)] = &[
+    (
+        "neutts-air-q4",
+        "neuphonic/neutts-air-q4-gguf",
+        "Q4 GGUF build, ready for --engine llama (CPU, Vulkan, ROCm, CUDA)",
+    ),
+    (
+        "neutts-air-q8",
+        "neuphonic/neutts-air-q8-gguf",
+        "Q8 GGUF build, ready for --engine llama",
+    ),
+    (
+        "neutts-air-npu",
+        "amd/neutts-air_rai_1.8.0_npu_4K",
+        "AMD's RyzenAI package, ready for --device npu",
+    ),
+    (
+        "neutts-air",
+        "neuphonic/neutts-air",
+        "the checkpoint (safetensors) that `models build` turns into an ONNX package",
+    ),
+];
+
+/// The file that records what a pulled package was made from.
+pub const MANIFEST: &str = "pull.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    #[error(
+        "{name:?} is neither a known name ({}) nor a repository id (owner/name)",
+        KNOWN.iter().map(|k| k.0).collect::<Vec<_>>().join(", ")
+    )]
+    UnknownName { name: String },
+    #[error("{repo} has no {what}")]
+    MissingFile { repo: String, what: String },
+    #[error("{repo} holds several GGUF files ({}): choose one with --file", .files.join(", "))]
+    SeveralGguf { repo: String, files: Vec<String> },
+    #[error(
+        "{}: exists and was not made by `models pull`; move it away or pass --force to replace it",
+        .0.display()
+    )]
+    Occupied(PathBuf),
+    #[error("the pulled files do not make a working package (nothing was put in place): {0}")]
+    Check(#[from] super::PackageError),
+    #[error("{}: {err}", .path.display())]
+    Io { path: PathBuf, err: std::io::Error },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PullError + '_ {
+    move |err| PullError::Io {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
+/// What the user asked for, resolved to repositories.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The package directory's default name (models/NAME).
+    pub name: String,
+    pub repo: String,
+}
+
+impl Target {
+    pub fn parse(name: &str) -> Result<Self, PullError> {
+        if let Some(k) = KNOWN.iter().find(|k| k.0 == name) {
+            return Ok(Self {
+                name: k.0.to_owned(),
+                repo: k.1.to_owned(),
+            });
+        }
+        let mut parts = name.split('/');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(owner), Some(repo), None)
+                if !owner.is_empty() && !repo.is_empty() && valid_id(owner) && valid_id(repo) =>
+            {
+                Ok(Self {
+                    name: repo.to_owned(),
+                    repo: name.to_owned(),
+                })
+            }
+            _ => Err(PullError::UnknownName {
+                name: name.to_owned(),
+            }),
+        }
+    }
+}
+
+fn valid_id(part: &str) -> bool {
+    part.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !part.starts_with('.')
+}
+
+#[derive(Debug, Clone)]
+pub struct PullOptions {
+    pub revision: String,
+    /// The package directory (default models/NAME).
+    pub dir: Option<PathBuf>,
+    /// Replace a directory that `models pull` did not make.
+    pub force: bool,
+    /// The GGUF file to take from a repository that holds several.
+    pub file: Option<String>,
+    /// The codec repository (the vendor's int8 variant, say).
+    pub codec_repo: String,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        Self {
+            revision: "main".into(),
+            dir: None,
+            force: false,
+            file: None,
+            codec_repo: CODEC_REPO.into(),
+        }
+    }
+}
+
+/// What a repository's listing makes of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// genai_config.json: an ONNX package (AMD's NPU package, an onnxruntime-genai build).
+    OnnxPackage,
+    /// One `*.gguf` file: a GGUF build for --engine llama.
+    GgufPackage,
+    /// config.json and safetensors weights: a checkpoint for `models build`.
+    Checkpoint,
+    /// Anything else: fetched into the cache, nothing assembled.
+    Files,
+}
+
+fn kind_of(snap: &Snapshot) -> Kind {
+    let has = |p: &str| snap.file(p).is_some();
+    if has("genai_config.json") {
+        Kind::OnnxPackage
+    } else if snap.files.iter().any(|f| f.path.ends_with(".gguf")) {
+        Kind::GgufPackage
+    } else if has("config.json") && snap.files.iter().any(|f| f.path.ends_with(".safetensors")) {
+        Kind::Checkpoint
+    } else {
+        Kind::Files
+    }
+}
+
+/// One file of the package and where it came from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ManifestFile {
+    /// Its path in the package.
+    pub to: String,
+    pub repo: String,
+    pub commit: String,
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Manifest {
+    pub name: String,
+    pub files: Vec<ManifestFile>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SourceReport {
+    pub repo: String,
+    pub commit: String,
+    /// Listed from the cache: the hub was not reachable.
+    pub offline: bool,
+    pub fetched: usize,
+    pub downloaded: usize,
+    pub bytes_downloaded: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placed {
+    New,
+    Replaced,
+    UpToDate,
+}
+
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Package {
+        dir: PathBuf,
+        summary: String,
+        placed: Placed,
+    },
+    /// A checkpoint in the cache (and the codec beside it): `models build` makes the package.
+    Checkpoint {
+        snapshot: PathBuf,
+    },
+    Files {
+        snapshot: PathBuf,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct PullReport {
+    pub target: Target,
+    pub kind: Kind,
+    pub sources: Vec<SourceReport>,
+    pub outcome: Outcome,
+}
+
+struct Gather<'a> {
+    hub: &'a Hub,
+    progress: &'a mut dyn FetchProgress,
+    sources: Vec<SourceReport>,
+    files: Vec<(Fetched, ManifestFile)>,
+}
+
+impl Gather<'_> {
+    fn source(&mut self, snap: &Snapshot) -> usize {
+        if let Some(i) = self.sources.iter().position(|s| s.repo == snap.repo) {
+            return i;
+        }
+        self.sources.push(SourceReport {
+            repo: snap.repo.clone(),
+            commit: snap.commit.clone(),
+            offline: snap.offline,
+            fetched: 0,
+            downloaded: 0,
+            bytes_downloaded: 0,
+        });
+        self.sources.len() - 1
+    }
+
+    fn take(&mut self, snap: &Snapshot, file: &RepoFile, to: String) -> Result<(), PullError> {
+        let i = self.source(snap);
+        let got = self.hub.fetch(snap, file, self.progress)?;
+        let s = &mut self.sources[i];
+        s.fetched += 1;
+        if got.downloaded {
+            s.downloaded += 1;
+            s.bytes_downloaded += got.size;
+        }
+        let entry = ManifestFile {
+            to,
+            repo: snap.repo.clone(),
+            commit: snap.commit.clone(),
+            path: file.path.clone(),
+            size: got.size,
+            sha256: got.sha256.clone(),
+        };
+        self.files.push((got, entry));
+        Ok(())
+    }
+
+    fn take_named(
+        &mut self,
+        snap: &Snapshot,
+        path: &str,
+        to: String,
+        required: bool,
+    ) -> Result<(), PullError> {
+        match snap.file(path) {
+            Some(f) => self.take(snap, &f.clone(), to),
+            None if required => Err(PullError::MissingFile {
+                repo: snap.repo.clone(),
+                what: path.to_owned(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn take_all(&mut self, snap: &Snapshot) -> Result<(), PullError> {
+        for f in snap.files.clone() {
+            // Git's own bookkeeping, not part of the model.
+            if f.path == ".gitattributes" {
+                continue;
+            }
+            let to = f.path.clone();
+            self.take(snap, &f, to)?;
+        }
+        Ok(())
+    }
+
+    /// The codec decoder into `codec/`: `model.onnx` (or the repository's only `*.onnx`) and
+    /// the external-data files beside it, under their own names (the graph refers to them so).
+    fn take_codec(&mut self, snap: &Snapshot) -> Result<Option<String>, PullError> {
+        let onnx: Vec<&RepoFile> = snap
+            .files
+            .iter()
+            .filter(|f| f.path.ends_with(".onnx") && !f.path.contains('/'))
+            .collect();
+        let decoder = match onnx.iter().find(|f| f.path == "model.onnx") {
+            Some(f) => (*f).clone(),
+            None if onnx.len() == 1 => onnx[0].clone(),
+            None => {
+                return Err(PullError::MissingFile {
+                    repo: snap.repo.clone(),
+                    what: "decoder ONNX (model.onnx, or a single *.onnx)".into(),
+                });
+            }
+        };
+        let data: Vec<RepoFile> = snap
+            .files
+            .iter()
+            .filter(|f| {
+                f.path.starts_with(&format!("{}.", decoder.path))
+                    || f.path.starts_with(&format!("{}_data", decoder.path))
+            })
+            .cloned()
+            .collect();
+        self.take(snap, &decoder, format!("codec/{}", decoder.path))?;
+        for f in data {
+            let to = format!("codec/{}", f.path);
+            self.take(snap, &f, to)?;
+        }
+        Ok((decoder.path != "model.onnx").then_some(decoder.path))
+    }
+}
+
+/// Pulls `target`: lists its repository, fetches what its kind needs and, for a package, puts
+/// it in place.
+pub fn pull(
+    hub: &Hub,
+    target: &Target,
+    opts: &PullOptions,
+    progress: &mut dyn FetchProgress,
+) -> Result<PullReport, PullError> {
+    let snap = hub.snapshot(&target.repo, &opts.revision)?;
+    let kind = kind_of(&snap);
+    let mut g = Gather {
+        hub,
+        progress,
+        sources: Vec::new(),
+        files: Vec::new(),
+    };
+    let mut codec_json = None;
+    match kind {
+        Kind::OnnxPackage => {
+            g.take_all(&snap)?;
+            if snap.file("codec/model.onnx").is_none() {
+                let codec = hub.snapshot(&opts.codec_repo, "main")?;
+                codec_json = g.take_codec(&codec)?;
+            }
+        }
+        Kind::GgufPackage => {
+            let ggufs: Vec<&RepoFile> = snap
+                .files
+                .iter()
+                .filter(|f| f.path.ends_with(".gguf"))
+                .collect();
+            let gguf = match (&opts.file, ggufs.as_slice()) {
+                (Some(want), _) => {
+                    ggufs
+                        .iter()
+                        .find(|f| &f.path == want)
+                        .copied()
+                        .ok_or_else(|| PullError::MissingFile {
+                            repo: snap.repo.clone(),
+                            what: want.clone(),
+                        })?
+                }
+                (None, [one]) => *one,
+                (None, many) => {
+                    return Err(PullError::SeveralGguf {
+                        repo: snap.repo.clone(),
+                        files: many.iter().map(|f| f.path.clone()).collect(),
+                    });
+                }
+            }
+            .clone();
+            let name = gguf
+                .path
+                .rsplit('/')
+                .next()
+                .unwrap_or(&gguf.path)
+                .to_owned();
+            g.take(&snap, &gguf, name)?;
+            // The vendor's GGUF repositories carry the weights only: the tokenizer (our front
+            // end builds the prompt) and config come from the checkpoint they were made from.
+            let tok_snap = match snap.file("tokenizer.json") {
+                Some(_) => snap.clone(),
+                None => {
+                    let base = checkpoint_of(&snap.repo).ok_or_else(|| PullError::MissingFile {
+                        repo: snap.repo.clone(),
+                        what: "tokenizer.json (and its name does not say its checkpoint)".into(),
+                    })?;
+                    hub.snapshot(&base, "main")?
+                }
+            };
+            g.take_named(&tok_snap, "tokenizer.json", "tokenizer.json".into(), true)?;
+            g.take_named(&tok_snap, "config.json", "config.json".into(), false)?;
+            g.take_named(
+                &tok_snap,
+                "tokenizer_config.json",
+                "tokenizer_config.json".into(),
+                false,
+            )?;
+            let codec = hub.snapshot(&opts.codec_repo, "main")?;
+            codec_json = g.take_codec(&codec)?;
+        }
+        Kind::Checkpoint => {
+            g.take_all(&snap)?;
+            let codec = hub.snapshot(&opts.codec_repo, "main")?;
+            g.take_codec(&codec)?;
+        }
+        Kind::Files => g.take_all(&snap)?,
+    }
+    let Gather { sources, files, .. } = g;
+    let snapshot = hub.snapshot_dir(&snap.repo, &snap.commit);
+    let outcome = match kind {
+        Kind::Checkpoint => Outcome::Checkpoint { snapshot },
+        Kind::Files => Outcome::Files { snapshot },
+        Kind::OnnxPackage | Kind::GgufPackage => {
+            let dir = opts
+                .dir
+                .clone()
+                .unwrap_or_else(|| Path::new("models").join(&target.name));
+            let manifest = Manifest {
+                name: target.name.clone(),
+                files: files.iter().map(|(_, m)| m.clone()).collect(),
+            };
+            let (summary, placed) =
+                place(&dir, &files, &manifest, codec_json.as_deref(), opts.force)?;
+            Outcome::Package {
+                dir,
+                summary,
+                placed,
+            }
+        }
+    };
+    Ok(PullReport {
+        target: target.clone(),
+        kind,
+        sources,
+        outcome,
+    })
+}
+
+/// The checkpoint a vendor GGUF repository was built from, by the vendor's naming
+/// (`owner/NAME-q4-gguf` from `owner/NAME`).
+fn checkpoint_of(repo: &str) -> Option<String> {
+    let base = repo.strip_suffix("-gguf")?;
+    let base = match base.rsplit_once('-') {
+        Some((b, quant))
+            if quant.len() >= 2
+                && quant.as_bytes()[0].eq_ignore_ascii_case(&b'q')
+                && quant[1..].bytes().all(|c| c.is_ascii_digit()) =>
+        {
+            b
+        }
+        _ => base,
+    };
+    Some(base.to_owned())
+}
+
+/// Assembles the package beside `dir`, checks it, and renames it into place.
+fn place(
+    dir: &Path,
+    files: &[(Fetched, ManifestFile)],
+    manifest: &Manifest,
+    codec_json: Option<&str>,
+    force: bool,
+) -> Result<(String, Placed), PullError> {
+    let existing = read_manifest(dir);
+    if dir.exists() && existing.is_none() && !force {
+        return Err(PullError::Occupied(dir.to_path_buf()));
+    }
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let leaf = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| manifest.name.clone());
+    let tmp = parent.join(format!(".{leaf}.pull-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let built = build_dir(&tmp, files, manifest, codec_json).and_then(|()| {
+        let pkg = ModelPackage::load(&tmp, None)?;
+        Ok(pkg.summary())
+    });
+    let summary = match built {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+    if existing.as_ref() == Some(manifest) && same_files(dir, manifest) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Ok((
+            summary.replace(&tmp.display().to_string(), &dir.display().to_string()),
+            Placed::UpToDate,
+        ));
+    }
+    let placed = if dir.exists() {
+        let old = parent.join(format!(".{leaf}.old-{}", std::process::id()));
+        std::fs::rename(dir, &old).map_err(io(dir))?;
+        if let Err(e) = std::fs::rename(&tmp, dir) {
+            let _ = std::fs::rename(&old, dir);
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(io(dir)(e));
+        }
+        let _ = std::fs::remove_dir_all(&old);
+        Placed::Replaced
+    } else {
+        std::fs::rename(&tmp, dir).map_err(io(dir))?;
+        Placed::New
+    };
+    Ok((
+        summary.replace(&tmp.display().to_string(), &dir.display().to_string()),
+        placed,
+    ))
+}
+
+fn build_dir(
+    tmp: &Path,
+    files: &[(Fetched, ManifestFile)],
+    manifest: &Manifest,
+    codec_json: Option<&str>,
+) -> Result<(), PullError> {
+    for (got, m) in files {
+        let to = tmp.join(&m.to);
+        if let Some(p) = to.parent() {
+            std::fs::create_dir_all(p).map_err(io(p))?;
+        }
+        link_or_copy(&got.path, &to)?;
+    }
+    if let Some(decoder) = codec_json {
+        let json = serde_json::json!({ "sample_rate": super::CODEC_SAMPLE_RATE, "hop_length": super::CODEC_HOP, "decoder": decoder });
+        write_json(&tmp.join("codec/codec.json"), &json)?;
+    }
+    write_json(&tmp.join(MANIFEST), manifest)
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), PullError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| io(path)(e.into()))?;
+    std::fs::write(path, text + "\n").map_err(io(path))
+}
+
+/// A hard link to the cached blob (no second copy of a large file), or a copy where the cache
+/// lies on another file system.
+fn link_or_copy(from: &Path, to: &Path) -> Result<(), PullError> {
+    let blob = std::fs::canonicalize(from).map_err(io(from))?;
+    if std::fs::hard_link(&blob, to).is_ok() {
+        return Ok(());
+    }
+    let mut out = crate::paths::PartialFile::create(to).map_err(io(to))?;
+    let mut src = std::fs::File::open(&blob).map_err(io(&blob))?;
+    std::io::copy(&mut src, &mut out).map_err(io(to))?;
+    out.commit().map_err(io(to))
+}
+
+fn read_manifest(dir: &Path) -> Option<Manifest> {
+    let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Every file the manifest names is in `dir` with its size (a package edited since is not up
+/// to date).
+fn same_files(dir: &Path, manifest: &Manifest) -> bool {
+    manifest
+        .files
+        .iter()
+        .all(|f| std::fs::metadata(dir.join(&f.to)).is_ok_and(|m| m.len() == f.size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve_to_repositories() {
+        let t = Target::parse("neutts-air-q4").unwrap();
+        assert_eq!(
+            (t.name.as_str(), t.repo.as_str()),
+            ("neutts-air-q4", "neuphonic/neutts-air-q4-gguf")
+        );
+        let t = Target::parse("neuphonic/neutts-nano-q8-gguf").unwrap();
+        assert_eq!(
+            (t.name.as_str(), t.repo.as_str()),
+            ("neutts-nano-q8-gguf", "neuphonic/neutts-nano-q8-gguf")
+        );
+        for bad in ["", "nope", "a/b/c", "/x", "x/", "../x", "a/..", "a b/c"] {
+            let e = Target::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("neutts-air-q4") && e.contains("owner/name"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_gguf_repository_names_its_checkpoint() {
+        assert_eq!(
+            checkpoint_of("neuphonic/neutts-air-q4-gguf").as_deref(),
+            Some("neuphonic/neutts-air")
+        );
+        assert_eq!(
+            checkpoint_of("neuphonic/neutts-nano-Q8-gguf").as_deref(),
+            Some("neuphonic/neutts-nano")
+        );
+        assert_eq!(
+            checkpoint_of("someone/model-gguf").as_deref(),
+            Some("someone/model")
+        );
+        assert_eq!(checkpoint_of("someone/model"), None);
+    }
+}

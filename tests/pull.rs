@@ -1,0 +1,930 @@
+//! `models pull` against a fake Hugging Face Hub on loopback: a small HTTP server speaking the
+//! hub's routes as its clients use them (revision info with file sizes and LFS sha256, `resolve`
+//! with X-Repo-Commit / X-Linked-Etag headers and a redirect of large files to a CDN route,
+//! Range requests, the X-Error-Code of gated and missing repositories). It serves the generated
+//! test packages' files under the vendor's and AMD's repository names, so a pull ends in a
+//! package that speaks. The CLI runs as a child process with HF_ENDPOINT and HF_HOME set.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::Response;
+use sha2::{Digest, Sha256};
+
+struct HubFile {
+    bytes: Vec<u8>,
+    /// Stored through LFS: listed with its sha256, served by a redirect to the CDN route.
+    lfs: bool,
+}
+
+struct HubRepo {
+    commit: String,
+    files: Vec<(String, HubFile)>,
+    /// The bearer token a gated repository wants.
+    gated: Option<String>,
+}
+
+#[derive(Default)]
+struct HubState {
+    repos: HashMap<String, HubRepo>,
+    /// Every request: method, path and query, Range and Authorization headers.
+    log: Vec<(String, String, Option<String>, Option<String>)>,
+    /// sha256 -> absolute offset: a body for that blob stops there with a broken connection.
+    drop_at: HashMap<String, usize>,
+    /// Files served with one byte changed (their listing keeps the true sha256).
+    corrupt: HashSet<String>,
+    /// The CDN's origin: another port, as the real hub's CDN is another host.
+    cdn: String,
+}
+
+struct FakeHub {
+    url: String,
+    state: Arc<Mutex<HubState>>,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    Response::builder()
+        .status(status)
+        .header("x-error-code", code)
+        .header("x-error-message", message)
+        .body(Body::from(format!("{{\"error\":\"{message}\"}}")))
+        .unwrap()
+}
+
+/// `bytes` as the answer to a request with `range` (none: the whole file), stopping with a
+/// broken connection at `drop_at` when that lies inside the range.
+fn ranged(bytes: &[u8], range: Option<&str>, drop_at: Option<usize>) -> Response {
+    let total = bytes.len();
+    let (start, end) = match range.and_then(|r| r.strip_prefix("bytes=")) {
+        Some(r) => {
+            let (a, b) = r.split_once('-').unwrap();
+            let a: usize = a.parse().unwrap();
+            let b: usize = if b.is_empty() {
+                total - 1
+            } else {
+                b.parse::<usize>().unwrap().min(total - 1)
+            };
+            (a, b + 1)
+        }
+        None => (0, total),
+    };
+    let mut resp = Response::builder()
+        .header(header::ACCEPT_RANGES, "bytes")
+        .header(header::CONTENT_LENGTH, end - start);
+    resp = if range.is_some() {
+        resp.status(StatusCode::PARTIAL_CONTENT).header(
+            header::CONTENT_RANGE,
+            format!("bytes {start}-{}/{total}", end - 1),
+        )
+    } else {
+        resp.status(StatusCode::OK)
+    };
+    let body = match drop_at {
+        Some(cut) if cut < end && end - start > 1 => {
+            let sent = bytes[start..cut.max(start)].to_vec();
+            Body::from_stream(futures_util::stream::iter(vec![
+                Ok(axum::body::Bytes::from(sent)),
+                Err(std::io::Error::other("connection dropped by the fake hub")),
+            ]))
+        }
+        _ => Body::from(bytes[start..end].to_vec()),
+    };
+    resp.body(body).unwrap()
+}
+
+fn serve(state: &Mutex<HubState>, method: &Method, uri: &Uri, headers: &HeaderMap) -> Response {
+    let range = headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut st = state.lock().unwrap();
+    st.log.push((
+        method.to_string(),
+        uri.path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+        range.clone(),
+        auth.clone(),
+    ));
+    let path = uri.path().trim_start_matches('/');
+    let parts: Vec<&str> = path.split('/').collect();
+
+    if let ["cdn", sha] = parts.as_slice() {
+        let (name, file) = st
+            .repos
+            .values()
+            .flat_map(|r| r.files.iter())
+            .find(|(_, f)| sha256(&f.bytes) == *sha)
+            .expect("a blob the hub serves");
+        let mut bytes = file.bytes.clone();
+        if st.corrupt.contains(name) {
+            bytes[0] ^= 0xff;
+        }
+        return ranged(&bytes, range.as_deref(), st.drop_at.get(*sha).copied());
+    }
+
+    let (repo_id, rest) = if parts.first() == Some(&"api") {
+        // api/models/OWNER/NAME/revision/REV, api/models/OWNER/NAME/tree/REV
+        (format!("{}/{}", parts[2], parts[3]), &parts[4..])
+    } else {
+        (format!("{}/{}", parts[0], parts[1]), &parts[2..])
+    };
+    let Some(repo) = st.repos.get(&repo_id) else {
+        // The hub answers so for a missing repository and for a private one alike.
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "RepoNotFound",
+            "Repository not found",
+        );
+    };
+    if let Some(token) = &repo.gated
+        && auth.as_deref() != Some(&format!("Bearer {token}"))
+    {
+        let status = if auth.is_some() {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
+        return error(
+            status,
+            "GatedRepo",
+            "Access to this model is restricted: you must have access to it and be authenticated",
+        );
+    }
+    match rest {
+        ["revision", _rev] => {
+            let siblings: Vec<serde_json::Value> = repo
+                .files
+                .iter()
+                .map(|(name, f)| {
+                    let mut s = serde_json::json!({
+                        "rfilename": name,
+                        "size": f.bytes.len(),
+                        "blobId": &sha256(&f.bytes)[..40],
+                    });
+                    if f.lfs {
+                        s["lfs"] = serde_json::json!({
+                            "sha256": sha256(&f.bytes),
+                            "size": f.bytes.len(),
+                            "pointerSize": 134,
+                        });
+                    }
+                    s
+                })
+                .collect();
+            let body = serde_json::json!({
+                "_id": "0",
+                "id": repo_id,
+                "sha": repo.commit,
+                "private": false,
+                "gated": repo.gated.is_some(),
+                "siblings": siblings,
+            });
+            Response::builder()
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.to_string()))
+                .unwrap()
+        }
+        // The file tree as `huggingface_hub`'s snapshot_download lists it (one page).
+        ["tree", _rev] => {
+            let entries: Vec<serde_json::Value> = repo
+                .files
+                .iter()
+                .map(|(name, f)| {
+                    let mut e = serde_json::json!({
+                        "type": "file",
+                        "oid": &sha256(&f.bytes)[..40],
+                        "size": f.bytes.len(),
+                        "path": name,
+                    });
+                    if f.lfs {
+                        e["lfs"] = serde_json::json!({
+                            "oid": sha256(&f.bytes),
+                            "size": f.bytes.len(),
+                            "pointerSize": 134,
+                        });
+                    }
+                    e
+                })
+                .collect();
+            Response::builder()
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(serde_json::Value::from(entries).to_string()))
+                .unwrap()
+        }
+        ["resolve", _rev, file @ ..] => {
+            let file = file.join("/");
+            let Some((_, f)) = repo.files.iter().find(|(n, _)| *n == file) else {
+                return error(StatusCode::NOT_FOUND, "EntryNotFound", "Entry not found");
+            };
+            let sum = sha256(&f.bytes);
+            if f.lfs {
+                Response::builder()
+                    .status(StatusCode::FOUND)
+                    .header(header::LOCATION, format!("{}/cdn/{sum}", st.cdn))
+                    .header("x-repo-commit", &repo.commit)
+                    .header("x-linked-etag", format!("\"{sum}\""))
+                    .header("x-linked-size", f.bytes.len())
+                    .header(header::ETAG, format!("\"{}\"", &sum[..40]))
+                    .body(Body::empty())
+                    .unwrap()
+            } else {
+                let mut resp = ranged(&f.bytes, range.as_deref(), None);
+                let h = resp.headers_mut();
+                h.insert("x-repo-commit", repo.commit.parse().unwrap());
+                h.insert(header::ETAG, format!("\"{}\"", &sum[..40]).parse().unwrap());
+                resp
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, "EntryNotFound", "no such route"),
+    }
+}
+
+impl FakeHub {
+    fn start(repos: Vec<(&str, HubRepo)>) -> Self {
+        let state = Arc::new(Mutex::new(HubState {
+            repos: repos
+                .into_iter()
+                .map(|(id, r)| (id.to_owned(), r))
+                .collect(),
+            ..Default::default()
+        }));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut urls = Vec::new();
+        for _ in 0..2 {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.set_nonblocking(true).unwrap();
+            urls.push(format!("http://{}", listener.local_addr().unwrap()));
+            let st = state.clone();
+            rt.spawn(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let app = axum::Router::new().fallback(
+                    move |method: Method, uri: Uri, headers: HeaderMap| {
+                        let st = st.clone();
+                        async move { serve(&st, &method, &uri, &headers) }
+                    },
+                );
+                axum::serve(listener, app).await.unwrap();
+            });
+        }
+        let url = urls.remove(0);
+        state.lock().unwrap().cdn = urls.remove(0);
+        Self {
+            url,
+            state,
+            _rt: rt,
+        }
+    }
+
+    fn log_since(&self, from: usize) -> Vec<(String, String, Option<String>, Option<String>)> {
+        self.state.lock().unwrap().log[from..].to_vec()
+    }
+
+    fn log_len(&self) -> usize {
+        self.state.lock().unwrap().log.len()
+    }
+}
+
+fn file(path: &Path, lfs: bool) -> HubFile {
+    HubFile {
+        bytes: std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        lfs,
+    }
+}
+
+fn gguf_package() -> PathBuf {
+    let p = common::repo().join("models/tiny-gguf");
+    assert!(
+        p.join("model-f32.gguf").exists(),
+        "{} is missing: run scripts/gen-test-models.sh (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// The vendor's repositories as the fake hub serves them: the GGUF build, the checkpoint it
+/// came from (tokenizer and config beside weights that are never fetched for a GGUF package)
+/// and the codec decoder.
+fn vendor_repos() -> Vec<(&'static str, HubRepo)> {
+    let g = gguf_package();
+    vec![
+        (
+            "neuphonic/neutts-air-q4-gguf",
+            HubRepo {
+                commit: "a".repeat(40),
+                files: vec![
+                    (
+                        ".gitattributes".into(),
+                        HubFile {
+                            bytes: b"*.gguf filter=lfs\n".to_vec(),
+                            lfs: false,
+                        },
+                    ),
+                    (
+                        "README.md".into(),
+                        HubFile {
+                            bytes: b"# q4\n".to_vec(),
+                            lfs: false,
+                        },
+                    ),
+                    (
+                        "neutts-air-Q4_0.gguf".into(),
+                        file(&g.join("model-f32.gguf"), true),
+                    ),
+                ],
+                gated: None,
+            },
+        ),
+        (
+            "neuphonic/neutts-air",
+            HubRepo {
+                commit: "b".repeat(40),
+                files: vec![
+                    ("config.json".into(), file(&g.join("config.json"), false)),
+                    (
+                        "tokenizer.json".into(),
+                        file(&g.join("tokenizer.json"), true),
+                    ),
+                    (
+                        "tokenizer_config.json".into(),
+                        file(&g.join("tokenizer_config.json"), false),
+                    ),
+                    (
+                        "model.safetensors".into(),
+                        HubFile {
+                            bytes: vec![7; 4096],
+                            lfs: true,
+                        },
+                    ),
+                ],
+                gated: None,
+            },
+        ),
+        (
+            "neuphonic/neucodec-onnx-decoder",
+            HubRepo {
+                commit: "c".repeat(40),
+                files: vec![
+                    (
+                        "README.md".into(),
+                        HubFile {
+                            bytes: b"# codec\n".to_vec(),
+                            lfs: false,
+                        },
+                    ),
+                    ("model.onnx".into(), file(&g.join("codec/model.onnx"), true)),
+                ],
+                gated: None,
+            },
+        ),
+    ]
+}
+
+/// AMD's NPU package as the fake hub serves it: the ONNX test package's files, gated.
+fn npu_repo(token: &str) -> (&'static str, HubRepo) {
+    let t = common::model("tiny");
+    let files = [
+        "genai_config.json",
+        "model.onnx",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "config.json",
+    ]
+    .iter()
+    .map(|n| {
+        (
+            n.to_string(),
+            file(&t.join(n), n.ends_with(".onnx") || *n == "tokenizer.json"),
+        )
+    })
+    .collect();
+    (
+        "amd/neutts-air_rai_1.8.0_npu_4K",
+        HubRepo {
+            commit: "d".repeat(40),
+            files,
+            gated: Some(token.to_owned()),
+        },
+    )
+}
+
+struct Run {
+    hub_url: String,
+    hf_home: PathBuf,
+    work: PathBuf,
+}
+
+impl Run {
+    fn new(tag: &str, hub: &FakeHub) -> Self {
+        let work = common::tempdir(tag);
+        Self {
+            hub_url: hub.url.clone(),
+            hf_home: work.join("hf"),
+            work,
+        }
+    }
+
+    fn pull(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+        let mut cmd = common::clean_command(&common::bin(), &common::repo());
+        cmd.args(["models", "pull", "-q"]).args(args);
+        cmd.env("HF_ENDPOINT", &self.hub_url)
+            .env("HF_HOME", &self.hf_home)
+            .env_remove("HF_TOKEN");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run onebit-tts")
+    }
+
+    fn dir(&self, name: &str) -> PathBuf {
+        self.work.join("models").join(name)
+    }
+
+    fn dir_arg(&self, name: &str) -> String {
+        self.dir(name).to_string_lossy().into_owned()
+    }
+
+    fn snapshot(&self, repo: &str, commit: &str) -> PathBuf {
+        self.hf_home
+            .join("hub")
+            .join(format!("models--{}", repo.replace('/', "--")))
+            .join("snapshots")
+            .join(commit)
+    }
+
+    fn blobs(&self, repo: &str) -> Vec<(String, u64)> {
+        let dir = self
+            .hf_home
+            .join("hub")
+            .join(format!("models--{}", repo.replace('/', "--")))
+            .join("blobs");
+        let mut out: Vec<(String, u64)> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.flatten()
+                    // hf-hub's lock files stay beside the blobs.
+                    .filter(|e| !e.file_name().to_string_lossy().ends_with(".lock"))
+                    .map(|e| {
+                        (
+                            e.file_name().to_string_lossy().into_owned(),
+                            e.metadata().unwrap().len(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort();
+        out
+    }
+}
+
+fn downloads(log: &[(String, String, Option<String>, Option<String>)]) -> Vec<String> {
+    log.iter()
+        .filter(|(_, p, r, _)| !p.starts_with("/api/") && r.as_deref() != Some("bytes=0-0"))
+        .map(|(_, p, r, _)| format!("{p} {}", r.as_deref().unwrap_or("-")))
+        .collect()
+}
+
+#[test]
+fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
+    let hub = FakeHub::start(vendor_repos());
+    let run = Run::new("pull-gguf", &hub);
+    let dir = run.dir_arg("neutts-air-q4");
+
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let out = common::stdout(&o);
+    assert!(out.contains(&format!("package {dir}: in place")), "{out}");
+    assert!(out.contains("neuphonic/neutts-air-q4-gguf"), "{out}");
+
+    // The package holds the files the hub served, byte for byte, under the package layout.
+    let g = gguf_package();
+    let pkg = run.dir("neutts-air-q4");
+    for (ours, theirs) in [
+        ("neutts-air-Q4_0.gguf", "model-f32.gguf"),
+        ("tokenizer.json", "tokenizer.json"),
+        ("config.json", "config.json"),
+        ("tokenizer_config.json", "tokenizer_config.json"),
+        ("codec/model.onnx", "codec/model.onnx"),
+    ] {
+        assert_eq!(
+            std::fs::read(pkg.join(ours)).unwrap(),
+            std::fs::read(g.join(theirs)).unwrap(),
+            "{ours}"
+        );
+    }
+    // The checkpoint's weights are not part of a GGUF package, nor READMEs.
+    assert!(!pkg.join("model.safetensors").exists());
+    assert!(!pkg.join("README.md").exists());
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(pkg.join("pull.json")).unwrap()).unwrap();
+    let files = manifest["files"].as_array().unwrap();
+    let gguf = files
+        .iter()
+        .find(|f| f["to"] == "neutts-air-Q4_0.gguf")
+        .unwrap();
+    assert_eq!(gguf["repo"], "neuphonic/neutts-air-q4-gguf");
+    assert_eq!(gguf["commit"], "a".repeat(40));
+    assert_eq!(
+        gguf["sha256"],
+        sha256(&std::fs::read(g.join("model-f32.gguf")).unwrap())
+    );
+    // In the hub's cache layout, where the Python tools find them too.
+    let snap = run.snapshot("neuphonic/neutts-air-q4-gguf", &"a".repeat(40));
+    assert!(snap.join("neutts-air-Q4_0.gguf").exists());
+    assert_eq!(
+        std::fs::read_to_string(
+            run.hf_home
+                .join("hub/models--neuphonic--neutts-air-q4-gguf/refs/main")
+        )
+        .unwrap(),
+        "a".repeat(40)
+    );
+
+    // It speaks: the same audio as the package it was made from.
+    let (a, b) = (run.work.join("pulled.wav"), run.work.join("source.wav"));
+    for (model, out) in [(&pkg, &a), (&g, &b)] {
+        let o = common::cli(&[
+            "say",
+            "-q",
+            "--model",
+            model.to_str().unwrap(),
+            "--voice",
+            "test",
+            "--seed",
+            "7",
+            "--temperature",
+            "0",
+            "-o",
+            out.to_str().unwrap(),
+            "Hello there.",
+        ]);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+    }
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+
+    // Again: nothing downloaded, nothing changed.
+    let mark = hub.log_len();
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        common::stdout(&o).contains("already up to date"),
+        "{}",
+        common::stdout(&o)
+    );
+    assert_eq!(downloads(&hub.log_since(mark)), Vec::<String>::new());
+
+    // The package gone, the cache kept: put back from the cache without a download.
+    std::fs::remove_dir_all(&pkg).unwrap();
+    let mark = hub.log_len();
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(common::stdout(&o).contains("in place"));
+    assert_eq!(downloads(&hub.log_since(mark)), Vec::<String>::new());
+
+    // The hub unreachable: the cached snapshot still makes the package, and the output says so.
+    std::fs::remove_dir_all(&pkg).unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let o = run.pull(
+        &["neutts-air-q4", "--dir", &dir],
+        &[("HF_ENDPOINT", &closed_url)],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        common::stdout(&o).contains("hub unreachable: from the cache"),
+        "{}",
+        common::stdout(&o)
+    );
+    assert_eq!(
+        std::fs::read(pkg.join("neutts-air-Q4_0.gguf")).unwrap(),
+        std::fs::read(g.join("model-f32.gguf")).unwrap()
+    );
+}
+
+#[test]
+fn a_dropped_connection_leaves_a_part_that_the_next_pull_resumes() {
+    let hub = FakeHub::start(vendor_repos());
+    let run = Run::new("pull-resume", &hub);
+    let dir = run.dir_arg("neutts-air-q4");
+    let gguf = std::fs::read(gguf_package().join("model-f32.gguf")).unwrap();
+    let sum = sha256(&gguf);
+    let cut = gguf.len() * 2 / 5;
+    hub.state.lock().unwrap().drop_at.insert(sum.clone(), cut);
+
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    let e = common::error_line(&o);
+    assert!(
+        e.contains("neuphonic/neutts-air-q4-gguf/neutts-air-Q4_0.gguf")
+            && e.contains("broke off")
+            && e.contains("resumes where this one stopped"),
+        "{e}"
+    );
+    assert!(!run.dir("neutts-air-q4").exists(), "no half package");
+    // What arrived before the break is kept (a broken connection may lose the last bytes in
+    // flight, so up to the cut).
+    let part = format!("{sum}.part");
+    let blobs = run.blobs("neuphonic/neutts-air-q4-gguf");
+    let kept = blobs
+        .iter()
+        .find(|(n, _)| *n == part)
+        .map(|(_, len)| *len)
+        .unwrap_or_else(|| panic!("a .part is left: {blobs:?}"));
+    assert!(kept > 0 && kept <= cut as u64, "{kept} of {cut}");
+    assert!(
+        !blobs.iter().any(|(n, _)| *n == sum),
+        "no complete blob: {blobs:?}"
+    );
+
+    hub.state.lock().unwrap().drop_at.clear();
+    let mark = hub.log_len();
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let gguf_requests: Vec<String> = downloads(&hub.log_since(mark))
+        .into_iter()
+        .filter(|r| r.contains("Q4_0.gguf") || r.contains(&sum))
+        .collect();
+    assert_eq!(
+        gguf_requests,
+        [
+            format!(
+                "/neuphonic/neutts-air-q4-gguf/resolve/main/neutts-air-Q4_0.gguf bytes={kept}-"
+            ),
+            format!("/cdn/{sum} bytes={kept}-"),
+        ],
+        "the download resumed where the .part ended"
+    );
+    assert_eq!(
+        std::fs::read(run.dir("neutts-air-q4").join("neutts-air-Q4_0.gguf")).unwrap(),
+        gguf
+    );
+}
+
+#[test]
+fn a_file_that_does_not_match_its_sha256_is_refused_and_not_kept() {
+    let hub = FakeHub::start(vendor_repos());
+    let run = Run::new("pull-sha", &hub);
+    let dir = run.dir_arg("neutts-air-q4");
+    hub.state
+        .lock()
+        .unwrap()
+        .corrupt
+        .insert("model.onnx".into());
+
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    let e = common::error_line(&o);
+    assert!(
+        e.contains("neuphonic/neucodec-onnx-decoder/model.onnx: sha256") && e.contains("not kept"),
+        "{e}"
+    );
+    assert!(
+        !run.dir("neutts-air-q4").exists(),
+        "no package from a bad file"
+    );
+    let codec = std::fs::read(gguf_package().join("codec/model.onnx")).unwrap();
+    assert!(
+        !run.snapshot("neuphonic/neucodec-onnx-decoder", &"c".repeat(40))
+            .join("model.onnx")
+            .exists()
+    );
+    assert_eq!(
+        run.blobs("neuphonic/neucodec-onnx-decoder"),
+        Vec::<(String, u64)>::new()
+    );
+
+    // Served right, the same command succeeds (the good files were kept in the cache).
+    hub.state.lock().unwrap().corrupt.clear();
+    let mark = hub.log_len();
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let codec_sum = sha256(&codec);
+    assert_eq!(
+        downloads(&hub.log_since(mark)),
+        [
+            "/neuphonic/neucodec-onnx-decoder/resolve/main/model.onnx bytes=0-".to_owned(),
+            format!("/cdn/{codec_sum} bytes=0-"),
+        ],
+        "only the codec is fetched again"
+    );
+    assert_eq!(
+        std::fs::read(run.dir("neutts-air-q4").join("codec/model.onnx")).unwrap(),
+        codec
+    );
+}
+
+#[test]
+fn a_gated_package_says_how_to_get_access_and_pulls_with_a_token() {
+    let mut repos = vendor_repos();
+    repos.push(npu_repo("hf_secret"));
+    let hub = FakeHub::start(repos);
+    let run = Run::new("pull-gated", &hub);
+    let dir = run.dir_arg("neutts-air-npu");
+
+    let o = run.pull(&["neutts-air-npu", "--dir", &dir], &[]);
+    let e = common::error_line(&o);
+    assert!(
+        e.contains("amd/neutts-air_rai_1.8.0_npu_4K is gated")
+            && e.contains(&format!("{}/amd/neutts-air_rai_1.8.0_npu_4K", hub.url))
+            && e.contains("HF_TOKEN"),
+        "{e}"
+    );
+    assert!(!e.contains("refused"), "{e}");
+
+    let o = run.pull(
+        &["neutts-air-npu", "--dir", &dir],
+        &[("HF_TOKEN", "hf_wrong")],
+    );
+    let e = common::error_line(&o);
+    assert!(
+        e.contains("is gated") && e.contains("the token given was refused"),
+        "{e}"
+    );
+
+    // The token file `hf auth login` writes counts as well as HF_TOKEN.
+    std::fs::create_dir_all(&run.hf_home).unwrap();
+    std::fs::write(run.hf_home.join("token"), "hf_secret\n").unwrap();
+    let mark = hub.log_len();
+    let o = run.pull(&["neutts-air-npu", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        hub.log_since(mark)
+            .iter()
+            .filter(|(_, p, _, _)| p.contains("neutts-air_rai"))
+            .all(|(_, _, _, a)| a.as_deref() == Some("Bearer hf_secret"))
+    );
+    // AMD's package with the vendor's codec beside it: `models check` passes on it.
+    let pkg = run.dir("neutts-air-npu");
+    assert!(pkg.join("genai_config.json").exists() && pkg.join("codec/model.onnx").exists());
+    let o = common::cli(&["models", "check", &dir]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+}
+
+#[test]
+fn unknown_names_missing_repositories_and_an_unreachable_hub_get_clear_errors() {
+    let hub = FakeHub::start(vendor_repos());
+    let run = Run::new("pull-errors", &hub);
+
+    let e = common::error_line(&run.pull(&["neutts-air-q5"], &[]));
+    assert!(e.contains("neither a known name (neutts-air-q4"), "{e}");
+
+    let e = common::error_line(&run.pull(&["nobody/nothing"], &[]));
+    assert!(
+        e.contains("nobody/nothing: no such repository")
+            && e.contains("private")
+            && e.contains("HF_TOKEN"),
+        "{e}"
+    );
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let e = common::error_line(&run.pull(&["neutts-air-q4"], &[("HF_ENDPOINT", &url)]));
+    assert!(
+        e.contains(&format!("could not reach {url}")) && e.contains("HF_ENDPOINT"),
+        "{e}"
+    );
+
+    // A directory pull did not make is never replaced without --force.
+    let dir = run.dir("neutts-air-q4");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("mine.txt"), "keep").unwrap();
+    let e = common::error_line(&run.pull(
+        &["neutts-air-q4", "--dir", &run.dir_arg("neutts-air-q4")],
+        &[],
+    ));
+    assert!(
+        e.contains("was not made by `models pull`") && e.contains("--force"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("mine.txt")).unwrap(),
+        "keep"
+    );
+    let o = run.pull(
+        &[
+            "neutts-air-q4",
+            "--dir",
+            &run.dir_arg("neutts-air-q4"),
+            "--force",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(!dir.join("mine.txt").exists() && dir.join("pull.json").exists());
+}
+
+#[test]
+fn a_checkpoint_and_a_plain_repository_land_in_the_cache() {
+    let hub = FakeHub::start(vendor_repos());
+    let run = Run::new("pull-checkpoint", &hub);
+    let o = run.pull(&["neutts-air"], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let snap = run.snapshot("neuphonic/neutts-air", &"b".repeat(40));
+    let out = common::stdout(&o);
+    assert!(
+        out.contains(&format!("checkpoint {}", snap.display())),
+        "{out}"
+    );
+    assert!(out.contains("onnxruntime-genai"), "{out}");
+    for f in ["config.json", "tokenizer.json", "model.safetensors"] {
+        assert!(snap.join(f).exists(), "{f}");
+    }
+    // The codec it will be built with comes along.
+    assert!(
+        run.snapshot("neuphonic/neucodec-onnx-decoder", &"c".repeat(40))
+            .join("model.onnx")
+            .exists()
+    );
+
+    let o = run.pull(&["neuphonic/neucodec-onnx-decoder"], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        common::stdout(&o).contains("files "),
+        "{}",
+        common::stdout(&o)
+    );
+}
+
+/// The cache is the one the Python tools use: what `huggingface_hub` (Hugging Face's Python client,
+/// in .onebit/venv) fetched is not fetched again, and what we fetched it finds offline.
+#[test]
+fn the_cache_is_shared_with_the_python_hub_client() {
+    let py = common::repo().join(".onebit/venv/bin/python");
+    if !py.exists() {
+        common::skip(
+            "the_cache_is_shared_with_the_python_hub_client",
+            "run scripts/setup.sh (installs huggingface_hub into .onebit/venv)",
+        );
+        return;
+    }
+    let hub = FakeHub::start(vendor_repos());
+    let run = Run::new("pull-python", &hub);
+    let python = |code: &str, offline: bool| {
+        let mut cmd = std::process::Command::new(&py);
+        cmd.args(["-c", code])
+            .env("HF_ENDPOINT", &hub.url)
+            .env("HF_HOME", &run.hf_home)
+            .env("HF_HUB_DISABLE_TELEMETRY", "1")
+            .env_remove("HF_TOKEN");
+        if offline {
+            cmd.env("HF_HUB_OFFLINE", "1");
+        }
+        let o = cmd.output().expect("run python");
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        common::stdout(&o).trim().to_owned()
+    };
+    let theirs = python(
+        "from huggingface_hub import snapshot_download\n\
+         print(snapshot_download('neuphonic/neutts-air-q4-gguf'))",
+        false,
+    );
+    assert_eq!(
+        PathBuf::from(&theirs),
+        run.snapshot("neuphonic/neutts-air-q4-gguf", &"a".repeat(40))
+    );
+
+    let mark = hub.log_len();
+    let dir = run.dir_arg("neutts-air-q4");
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let got = downloads(&hub.log_since(mark));
+    assert!(
+        !got.iter().any(|r| r.contains("q4-gguf/resolve")),
+        "the GGUF Python fetched is reused: {got:?}"
+    );
+    assert!(
+        got.iter()
+            .any(|r| r.contains("neucodec-onnx-decoder/resolve"))
+    );
+
+    let found = python(
+        "from huggingface_hub import hf_hub_download\n\
+         print(hf_hub_download('neuphonic/neucodec-onnx-decoder', 'model.onnx'))",
+        true,
+    );
+    assert_eq!(
+        std::fs::read(&found).unwrap(),
+        std::fs::read(gguf_package().join("codec/model.onnx")).unwrap()
+    );
+}
