@@ -13,6 +13,9 @@
 #   .onebit/node          the official OpenAI Node SDK (npm `openai`, for tests/node/openai_client.js)
 # Idempotent: a second run only checks.
 #   --prereqs-only            check (and install) the system packages, then stop
+#   --build-tools             also install what `models build` runs onnxruntime-genai's model
+#                             builder with (torch, transformers, onnx-ir: ~5 GB in the venv);
+#                             scripts/test.sh asks for them (tests/pull.rs builds real packages)
 #   ONEBIT_SETUP_INSTALL=0    never install system packages, even as root: report and stop
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -76,6 +79,8 @@ fi
 command -v ccache >/dev/null ||
   echo "setup: note: no ccache; scripts/test.sh builds llama.cpp twice (sudo apt-get install ccache saves ~4 min)"
 [ "${1:-}" = --prereqs-only ] && exit 0
+build_tools=0
+[ "${1:-}" = --build-tools ] && build_tools=1
 mkdir -p "$home"
 
 ORT_VERSION=1.31.1
@@ -99,6 +104,18 @@ reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 num
 if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
   echo "$reqs" > "$stamp"
+fi
+
+# onnxruntime-genai's model builder imports the checkpoint with transformers (on torch) and
+# writes the graph with onnx-ir. PyPI's torch wheel is the CUDA build (~5 GB with its libraries);
+# the builder runs it on the CPU.
+TORCH_VERSION=2.15.0
+TRANSFORMERS_VERSION=5.23.0
+ONNX_IR_VERSION=1.1.0
+build_reqs="torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION onnx-ir==$ONNX_IR_VERSION"
+if [ "$build_tools" = 1 ] && [ "$(cat "$home/venv/.onebit-build-reqs" 2>/dev/null)" != "$build_reqs" ]; then
+  "$home/venv/bin/pip" install -q --disable-pip-version-check $build_reqs
+  echo "$build_reqs" > "$home/venv/.onebit-build-reqs"
 fi
 
 site="$("$home/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

@@ -4,7 +4,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/setup.sh
+bash scripts/setup.sh --build-tools
 # `cargo clippy` (check mode) and `cargo test` (build mode) each run the C/C++ build scripts of
 # llama-cpp-sys-2 (llama.cpp, ~4 min on 2 cores) and opusic-sys (libopus) in an OUT_DIR of their
 # own. With ccache as CMake's compiler launcher the second build is all cache hits; BASEDIR makes

@@ -33,6 +33,24 @@ pub fn in_homes(rel: &str) -> Vec<PathBuf> {
     onebit_homes().into_iter().map(|h| h.join(rel)).collect()
 }
 
+/// Files at least this large are hard-linked into a package instead of copied: weights are
+/// never edited in place, so sharing them costs nothing; small files (configs, tokenizers) are
+/// copied so that editing one in a package never changes its source (a cached blob, say).
+pub const LINK_AT: u64 = 16 << 20;
+
+/// Puts `from`'s content at `to`: a hard link when the file is large and the file system
+/// allows, else a copy written beside `to` and renamed into place. True when linked.
+pub fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<bool> {
+    let real = std::fs::canonicalize(from)?;
+    if std::fs::metadata(&real)?.len() >= LINK_AT && std::fs::hard_link(&real, to).is_ok() {
+        return Ok(true);
+    }
+    let mut out = PartialFile::create(to)?;
+    std::io::copy(&mut std::fs::File::open(&real)?, &mut out)?;
+    out.commit()?;
+    Ok(false)
+}
+
 /// A file written under `NAME.EXT.partial` beside its final name and renamed over it only once
 /// complete, so a failed or interrupted run never leaves a cut file under the requested name.
 /// Dropped without [`commit`](Self::commit), it removes what it wrote.

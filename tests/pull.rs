@@ -928,3 +928,319 @@ fn the_cache_is_shared_with_the_python_hub_client() {
         std::fs::read(gguf_package().join("codec/model.onnx")).unwrap()
     );
 }
+
+// ---- `models build`: the real onnxruntime-genai builder on a checkpoint transformers saved ----
+
+/// The venv python when it has what `models build` needs (scripts/setup.sh --build-tools).
+fn build_python(test: &str) -> Option<PathBuf> {
+    let py = common::repo().join(".onebit/venv/bin/python");
+    let ok = py.exists()
+        && std::process::Command::new(&py)
+            .args([
+                "-c",
+                "import torch, transformers, onnxruntime_genai.models.builder",
+            ])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !ok {
+        common::skip(
+            test,
+            "run scripts/setup.sh --build-tools (torch, transformers)",
+        );
+        return None;
+    }
+    Some(py)
+}
+
+/// tools/hf_checkpoint.py's tiny random Qwen2 checkpoint (NeuTTS-air tokenizer at the real ids,
+/// vocabulary 217,652), written once per test run.
+fn checkpoint(py: &Path) -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = common::tempdir("hf-checkpoint");
+        let o = std::process::Command::new(py)
+            .arg(common::repo().join("tools/hf_checkpoint.py"))
+            .arg("--out")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        dir
+    })
+    .clone()
+}
+
+fn build(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = common::clean_command(&common::bin(), &common::repo());
+    cmd.args(["models", "build", "-q"]).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run onebit-tts")
+}
+
+#[test]
+fn a_float32_build_by_the_real_builder_gives_transformers_logits() {
+    use onebit_tts::engine::{Backbone, Candidates, GenerationParams, KvMode, SamplingParams};
+    let test = "a_float32_build_by_the_real_builder_gives_transformers_logits";
+    let Some(py) = build_python(test) else {
+        return;
+    };
+    let ckpt = checkpoint(&py);
+    let work = common::tempdir("build-fp32");
+    let out = work.join("fp32");
+    let o = build(
+        &[
+            ckpt.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--precision",
+            "fp32",
+            "--codec",
+            "models/tiny/codec",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let stdout = common::stdout(&o);
+    // Only the int4 export's MatMulNBits head can be cut; the float32 one is kept whole.
+    assert!(
+        stdout.contains("not optimized: models optimize takes int4 exports, not fp32"),
+        "{stdout}"
+    );
+    // The checkpoint's own tokenizer, not the builder's re-saved one.
+    assert_eq!(
+        std::fs::read(out.join("tokenizer.json")).unwrap(),
+        std::fs::read(ckpt.join("tokenizer.json")).unwrap()
+    );
+
+    let (pkg, mut ort) = common::load_ort(&out, KvMode::Shared);
+    assert_eq!((pkg.vocab.end, pkg.vocab.code_to_id(0)), (151_670, 151_671));
+    let c = Candidates::of(&pkg);
+    let greedy = GenerationParams {
+        sampling: SamplingParams::greedy(),
+        min_new_tokens: 0,
+        max_new_tokens: Some(24),
+    };
+    for (k, prompt) in common::speech_prompts(&pkg, &[(5, 1000), (60, 40_000)])
+        .into_iter()
+        .enumerate()
+    {
+        let run = common::generate_all(&mut ort, &c, &prompt, &greedy);
+        let next: Vec<u32> = run
+            .codes
+            .iter()
+            .map(|&code| pkg.vocab.code_to_id(code))
+            .collect();
+        assert!(next.len() >= 8, "{next:?}");
+        // Ours, teacher-forced along our own greedy path: the prefill, then one id at a time.
+        ort.reset();
+        let mut ours = vec![ort.append(&prompt).unwrap().to_vec()];
+        for &t in &next {
+            ours.push(ort.append(&[t]).unwrap().to_vec());
+        }
+        let ids = work.join(format!("ids{k}.json"));
+        std::fs::write(
+            &ids,
+            serde_json::json!({"prompt": prompt, "next": next}).to_string(),
+        )
+        .unwrap();
+        let theirs_path = work.join(format!("logits{k}.f32"));
+        let o = std::process::Command::new(&py)
+            .arg(common::repo().join("tools/hf_checkpoint.py"))
+            .args(["--logits", ckpt.to_str().unwrap(), "--ids"])
+            .arg(&ids)
+            .arg("--out")
+            .arg(&theirs_path)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let theirs: Vec<f32> = std::fs::read(&theirs_path)
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let width = theirs.len() / ours.len();
+        assert_eq!(width, 217_652);
+        let (mut diff, mut scale) = (0f32, 0f32);
+        for (row, want) in ours.iter().zip(theirs.chunks_exact(width)) {
+            assert_eq!(row.len(), width);
+            for (p, q) in row.iter().zip(want) {
+                diff = diff.max((p - q).abs());
+                scale = scale.max(q.abs());
+            }
+        }
+        println!("prompt {k}: logits within {diff} of transformers' (scale {scale})");
+        assert!(
+            diff <= 1e-4,
+            "prompt {k} ({} tokens): logits differ from transformers' by {diff} (scale {scale})",
+            prompt.len()
+        );
+        // transformers' own speech-constrained greedy choice is the code we generated.
+        for (i, want) in theirs.chunks_exact(width).take(next.len()).enumerate() {
+            let best = (c.speech_first..c.speech_first + c.speech_count)
+                .chain(c.stop_ids.iter().copied())
+                .max_by(|&a, &b| want[a as usize].total_cmp(&want[b as usize]))
+                .unwrap();
+            assert_eq!(best, next[i], "prompt {k}, step {i}");
+        }
+    }
+}
+
+/// `models build neutts-air` as a user runs it: the checkpoint and the codec pulled from the hub,
+/// built int4 and optimized by the real builder and our optimizer, and the package speaks.
+#[test]
+fn models_build_pulls_the_checkpoint_and_makes_an_int4_package_that_speaks() {
+    let test = "models_build_pulls_the_checkpoint_and_makes_an_int4_package_that_speaks";
+    let Some(py) = build_python(test) else {
+        return;
+    };
+    let ckpt = checkpoint(&py);
+    let mut repos = vendor_repos();
+    let files = [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors",
+    ]
+    .iter()
+    .map(|n| {
+        (
+            n.to_string(),
+            file(
+                &ckpt.join(n),
+                n.ends_with(".safetensors") || *n == "tokenizer.json",
+            ),
+        )
+    })
+    .collect();
+    repos.retain(|(id, _)| *id != "neuphonic/neutts-air");
+    repos.push((
+        "neuphonic/neutts-air",
+        HubRepo {
+            commit: "e".repeat(40),
+            files,
+            gated: None,
+        },
+    ));
+    let hub = FakeHub::start(repos);
+    let run = Run::new("build-int4", &hub);
+    let dir = run.dir("neutts-air");
+    let o = build(
+        &["neutts-air", "--out", dir.to_str().unwrap()],
+        &[
+            ("HF_ENDPOINT", &hub.url),
+            ("HF_HOME", run.hf_home.to_str().unwrap()),
+        ],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let out = common::stdout(&o);
+    assert!(
+        out.contains("speech-only head") && out.contains("package ") && out.contains(": in place"),
+        "{out}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("build.json")).unwrap()).unwrap();
+    assert_eq!(
+        manifest["source"],
+        format!("neuphonic/neutts-air@{}", "e".repeat(40))
+    );
+    assert_eq!(manifest["precision"], "int4");
+    assert_eq!(manifest["optimized"], true);
+    assert!(
+        manifest["builder"]
+            .as_str()
+            .unwrap()
+            .starts_with("onnxruntime-genai 0.18")
+    );
+    // The codec came from the hub as the vendor publishes it.
+    assert_eq!(
+        std::fs::read(dir.join("codec/model.onnx")).unwrap(),
+        std::fs::read(gguf_package().join("codec/model.onnx")).unwrap()
+    );
+    let wav = run.work.join("built.wav");
+    let o = common::cli(&[
+        "say",
+        "-q",
+        "--model",
+        dir.to_str().unwrap(),
+        "--voice",
+        "test",
+        "--seed",
+        "3",
+        "-o",
+        wav.to_str().unwrap(),
+        "Hello there.",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let (rate, channels, samples, _) =
+        common::symphonia_decode(&std::fs::read(&wav).unwrap(), "wav");
+    assert_eq!((rate, channels), (24_000, 1));
+    // At least the first streaming window of codes became audio.
+    assert!(samples.len() >= 30 * 480, "{} samples", samples.len());
+
+    // Built again: the package is ours, so it is replaced whole, not refused.
+    let o = build(
+        &[
+            "neutts-air",
+            "--out",
+            dir.to_str().unwrap(),
+            "--no-optimize",
+        ],
+        &[
+            ("HF_ENDPOINT", &hub.url),
+            ("HF_HOME", run.hf_home.to_str().unwrap()),
+        ],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        common::stdout(&o).contains(": replaced"),
+        "{}",
+        common::stdout(&o)
+    );
+    assert!(
+        !dir.join("onebit_logits.json").exists(),
+        "the unoptimized export"
+    );
+}
+
+#[test]
+fn models_build_explains_what_it_cannot_build() {
+    let work = common::tempdir("build-errors");
+    // Not a checkpoint.
+    std::fs::write(work.join("config.json"), "{}").unwrap();
+    let e = common::error_line(&build(
+        &[work.to_str().unwrap(), "--codec", "models/tiny/codec"],
+        &[],
+    ));
+    assert!(
+        e.contains("not a checkpoint directory: no tokenizer.json"),
+        "{e}"
+    );
+    std::fs::write(work.join("tokenizer.json"), "{}").unwrap();
+    let e = common::error_line(&build(
+        &[work.to_str().unwrap(), "--codec", "models/tiny/codec"],
+        &[],
+    ));
+    assert!(e.contains("no weights (*.safetensors or *.bin)"), "{e}");
+    // The builder's tools missing: a venv whose python lacks torch.
+    std::fs::write(work.join("model.safetensors"), "x").unwrap();
+    let home = work.join("home");
+    std::fs::create_dir_all(home.join("venv/bin")).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/python3", home.join("venv/bin/python")).unwrap();
+    let e = common::error_line(&build(
+        &[
+            work.to_str().unwrap(),
+            "--out",
+            work.join("out").to_str().unwrap(),
+            "--codec",
+            "models/tiny/codec",
+        ],
+        &[("ONEBIT_HOME", home.to_str().unwrap())],
+    ));
+    assert!(
+        e.contains("needs torch and transformers") && e.contains("scripts/setup.sh --build-tools"),
+        "{e}"
+    );
+    assert!(!work.join("out").exists());
+}

@@ -4,6 +4,7 @@
 //! facts of the model the other stages read: its input format, the speech vocabulary and the
 //! codec's rates (and with them the real-time line).
 
+pub mod build;
 pub mod genai;
 pub mod gguf;
 pub mod hub;

@@ -33,8 +33,6 @@ use super::{ModelPackage, PackageError, SPEECH_CODES};
 pub const LAST_POSITION_NODE: &str = "/lm_head/onebit_last_position/Gather";
 const LAST_POSITION_INDEX: &str = "onebit_last_position_index";
 const SPEECH_SUFFIX: &str = ".onebit_speech";
-/// Files at least this large are hard-linked instead of copied.
-const LINK_AT: u64 = 16 << 20;
 /// Offsets in the new external data file are aligned to this (ORT can map aligned data).
 const EXTERNAL_ALIGN: u64 = 4096;
 
@@ -800,7 +798,7 @@ fn check_destination(src: &Path, dst: &Path) -> Result<(), OptimizeError> {
 }
 
 /// Copies `src` into `dst` recursively except `skip`; large files are hard-linked when the file
-/// system allows. `counts` is (copied, linked).
+/// system allows ([`crate::paths::link_or_copy`]). `counts` is (copied, linked).
 fn copy_tree(
     src: &Path,
     dst: &Path,
@@ -818,10 +816,9 @@ fn copy_tree(
         let meta = fs::metadata(&from).map_err(io(&from))?;
         if meta.is_dir() {
             copy_tree(&from, &to, skip, counts)?;
-        } else if meta.len() >= LINK_AT && fs::hard_link(&from, &to).is_ok() {
+        } else if crate::paths::link_or_copy(&from, &to).map_err(io(&from))? {
             counts.1 += 1;
         } else {
-            fs::copy(&from, &to).map_err(io(&from))?;
             counts.0 += 1;
         }
     }

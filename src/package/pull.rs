@@ -208,9 +208,10 @@ pub enum Outcome {
         summary: String,
         placed: Placed,
     },
-    /// A checkpoint in the cache (and the codec beside it): `models build` makes the package.
+    /// A checkpoint in the cache and the codec's snapshot: `models build` makes the package.
     Checkpoint {
         snapshot: PathBuf,
+        codec: PathBuf,
     },
     Files {
         snapshot: PathBuf,
@@ -288,8 +289,10 @@ impl Gather<'_> {
 
     fn take_all(&mut self, snap: &Snapshot) -> Result<(), PullError> {
         for f in snap.files.clone() {
-            // Git's own bookkeeping, not part of the model.
-            if f.path == ".gitattributes" {
+            // Git's own bookkeeping is not part of the model, and the package's records are
+            // ours to write.
+            if f.path == ".gitattributes" || f.path == MANIFEST || f.path == super::build::MANIFEST
+            {
                 continue;
             }
             let to = f.path.clone();
@@ -425,7 +428,17 @@ pub fn pull(
     let Gather { sources, files, .. } = g;
     let snapshot = hub.snapshot_dir(&snap.repo, &snap.commit);
     let outcome = match kind {
-        Kind::Checkpoint => Outcome::Checkpoint { snapshot },
+        Kind::Checkpoint => Outcome::Checkpoint {
+            snapshot,
+            codec: files
+                .iter()
+                .find(|(_, m)| m.to.starts_with("codec/"))
+                .and_then(|(f, _)| f.path.parent().map(Path::to_path_buf))
+                .ok_or_else(|| PullError::MissingFile {
+                    repo: opts.codec_repo.clone(),
+                    what: "decoder ONNX".into(),
+                })?,
+        },
         Kind::Files => Outcome::Files { snapshot },
         Kind::OnnxPackage | Kind::GgufPackage => {
             let dir = opts
@@ -478,57 +491,72 @@ fn place(
     codec_json: Option<&str>,
     force: bool,
 ) -> Result<(String, Placed), PullError> {
-    let existing = read_manifest(dir);
-    if dir.exists() && existing.is_none() && !force {
+    if !replaceable(dir, force) {
         return Err(PullError::Occupied(dir.to_path_buf()));
     }
+    let work = work_dir(dir, "pull").map_err(io(dir))?;
+    let result = build_dir(&work, files, manifest, codec_json).and_then(|()| {
+        let summary = ModelPackage::load(&work, None)?
+            .summary()
+            .replace(&work.display().to_string(), &dir.display().to_string());
+        if read_manifest(dir).as_ref() == Some(manifest) && same_files(dir, manifest) {
+            return Ok((summary, Placed::UpToDate));
+        }
+        let placed = install(&work, dir).map_err(io(dir))?;
+        Ok((summary, placed))
+    });
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+/// Whether a package may be put at `dir`: nothing is there, or `models pull` or `models build`
+/// made what is there (its manifest says so), or the user said `--force`.
+pub(crate) fn replaceable(dir: &Path, force: bool) -> bool {
+    force
+        || !dir.exists()
+        || dir.join(MANIFEST).is_file()
+        || dir.join(super::build::MANIFEST).is_file()
+}
+
+/// A fresh directory beside `dir` (same file system, so the final rename is atomic) to assemble
+/// a package in.
+pub(crate) fn work_dir(dir: &Path, what: &str) -> std::io::Result<PathBuf> {
     let parent = dir
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    std::fs::create_dir_all(parent)?;
     let leaf = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| manifest.name.clone());
-    let tmp = parent.join(format!(".{leaf}.pull-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let built = build_dir(&tmp, files, manifest, codec_json).and_then(|()| {
-        let pkg = ModelPackage::load(&tmp, None)?;
-        Ok(pkg.summary())
-    });
-    let summary = match built {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
-    };
-    if existing.as_ref() == Some(manifest) && same_files(dir, manifest) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Ok((
-            summary.replace(&tmp.display().to_string(), &dir.display().to_string()),
-            Placed::UpToDate,
-        ));
+        .unwrap_or_else(|| "package".into());
+    let work = parent.join(format!(".{leaf}.{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir(&work)?;
+    Ok(work)
+}
+
+/// Renames the finished package `ready` to `dir`; a package already there is moved aside first
+/// and removed only once the new one is in place (put back if the rename fails).
+pub(crate) fn install(ready: &Path, dir: &Path) -> std::io::Result<Placed> {
+    if !dir.exists() {
+        std::fs::rename(ready, dir)?;
+        return Ok(Placed::New);
     }
-    let placed = if dir.exists() {
-        let old = parent.join(format!(".{leaf}.old-{}", std::process::id()));
-        std::fs::rename(dir, &old).map_err(io(dir))?;
-        if let Err(e) = std::fs::rename(&tmp, dir) {
-            let _ = std::fs::rename(&old, dir);
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(io(dir)(e));
-        }
-        let _ = std::fs::remove_dir_all(&old);
-        Placed::Replaced
-    } else {
-        std::fs::rename(&tmp, dir).map_err(io(dir))?;
-        Placed::New
-    };
-    Ok((
-        summary.replace(&tmp.display().to_string(), &dir.display().to_string()),
-        placed,
-    ))
+    let old = dir.with_file_name(format!(
+        ".{}.old-{}",
+        dir.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    std::fs::rename(dir, &old)?;
+    if let Err(e) = std::fs::rename(ready, dir) {
+        let _ = std::fs::rename(&old, dir);
+        return Err(e);
+    }
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(Placed::Replaced)
 }
 
 fn build_dir(
@@ -542,31 +570,26 @@ fn build_dir(
         if let Some(p) = to.parent() {
             std::fs::create_dir_all(p).map_err(io(p))?;
         }
-        link_or_copy(&got.path, &to)?;
+        crate::paths::link_or_copy(&got.path, &to).map_err(io(&to))?;
     }
     if let Some(decoder) = codec_json {
         let json = serde_json::json!({ "sample_rate": super::CODEC_SAMPLE_RATE, "hop_length": super::CODEC_HOP, "decoder": decoder });
-        write_json(&tmp.join("codec/codec.json"), &json)?;
+        let path = tmp.join("codec/codec.json");
+        let _ = std::fs::remove_file(&path);
+        write_json(&path, &json).map_err(io(&path))?;
     }
-    write_json(&tmp.join(MANIFEST), manifest)
+    let path = tmp.join(MANIFEST);
+    let _ = std::fs::remove_file(&path);
+    write_json(&path, manifest).map_err(io(&path))
 }
 
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), PullError> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| io(path)(e.into()))?;
-    std::fs::write(path, text + "\n").map_err(io(path))
-}
-
-/// A hard link to the cached blob (no second copy of a large file), or a copy where the cache
-/// lies on another file system.
-fn link_or_copy(from: &Path, to: &Path) -> Result<(), PullError> {
-    let blob = std::fs::canonicalize(from).map_err(io(from))?;
-    if std::fs::hard_link(&blob, to).is_ok() {
-        return Ok(());
-    }
-    let mut out = crate::paths::PartialFile::create(to).map_err(io(to))?;
-    let mut src = std::fs::File::open(&blob).map_err(io(&blob))?;
-    std::io::copy(&mut src, &mut out).map_err(io(to))?;
-    out.commit().map_err(io(to))
+/// Written beside its name and renamed over it, so it replaces a link rather than writing
+/// through one into a cached blob.
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
+    let mut f = crate::paths::PartialFile::create(path)?;
+    std::io::Write::write_all(&mut f, (text + "\n").as_bytes())?;
+    f.commit()
 }
 
 fn read_manifest(dir: &Path) -> Option<Manifest> {

@@ -6,6 +6,7 @@ use anyhow::Result;
 use clap::Subcommand;
 use indicatif::ProgressBar;
 
+use onebit_tts::package::build::{self, BuildOptions, Precision};
 use onebit_tts::package::hub::{FetchProgress, Hub, HubConfig};
 use onebit_tts::package::pull::{self, Outcome, Placed, PullOptions, Target};
 use onebit_tts::package::{ModelPackage, optimize};
@@ -39,6 +40,33 @@ pub enum ModelsCmd {
         /// The codec decoder's repository (e.g. the vendor's int8 variant).
         #[arg(long, default_value = pull::CODEC_REPO)]
         codec_repo: String,
+    },
+    /// Build an ONNX package from a checkpoint with onnxruntime-genai's model builder (needs
+    /// `scripts/setup.sh --build-tools`): the checkpoint's tokenizer and config and the NeuCodec
+    /// decoder go beside the graph; then `models check` and (int4) `models optimize`.
+    Build {
+        /// A checkpoint directory (config.json, tokenizer.json, safetensors), or a name
+        /// `models pull` fetches one by (neutts-air, owner/name).
+        src: String,
+        /// The package directory (default models/NAME, NAME from the source).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "int4")]
+        precision: Precision,
+        /// The execution provider the export targets.
+        #[arg(long, value_enum, default_value = "cpu")]
+        execution: build::Target,
+        /// The NeuCodec decoder package directory (default: pulled from --codec-repo).
+        #[arg(long)]
+        codec: Option<PathBuf>,
+        #[arg(long, default_value = pull::CODEC_REPO)]
+        codec_repo: String,
+        /// Keep the builder's full-vocabulary, every-position head.
+        #[arg(long)]
+        no_optimize: bool,
+        /// Replace a directory that neither `models pull` nor `models build` made.
+        #[arg(long)]
+        force: bool,
     },
     /// Validate a package and print its summary.
     Check {
@@ -133,11 +161,11 @@ fn pull_cmd(target: &str, opts: PullOptions, quiet: bool) -> Result<()> {
             println!("{summary}");
             println!("package {}: {what}", dir.display());
         }
-        Outcome::Checkpoint { snapshot } => {
+        Outcome::Checkpoint { snapshot, .. } => {
             println!("checkpoint {}", snapshot.display());
             println!(
-                "a checkpoint runs once built into an ONNX package with onnxruntime-genai's \
-                 model builder (docs/models.md, \"Real NeuTTS-air\")"
+                "a checkpoint runs once built: onebit-tts models build {}",
+                report.target.repo
             );
         }
         Outcome::Files { snapshot } => println!("files {}", snapshot.display()),
@@ -145,8 +173,117 @@ fn pull_cmd(target: &str, opts: PullOptions, quiet: bool) -> Result<()> {
     Ok(())
 }
 
+struct BuildArgs {
+    src: String,
+    out: Option<PathBuf>,
+    codec: Option<PathBuf>,
+    codec_repo: String,
+    opts: BuildOptions,
+}
+
+fn build_cmd(a: BuildArgs, quiet: bool) -> Result<()> {
+    let BuildArgs {
+        src,
+        out,
+        codec,
+        codec_repo,
+        mut opts,
+    } = a;
+    // What the hub gives (a pulled checkpoint, the codec), fetched as `models pull` does.
+    let fetch = |name: &str| -> Result<pull::PullReport> {
+        let hub = Hub::new(HubConfig::from_env())?;
+        let mut bars = Bars { quiet, bar: None };
+        let opts = PullOptions {
+            codec_repo: codec_repo.clone(),
+            ..PullOptions::default()
+        };
+        let report = pull::pull(&hub, &Target::parse(name)?, &opts, &mut bars)?;
+        bars.done();
+        Ok(report)
+    };
+    let given = PathBuf::from(&src);
+    let (checkpoint, name, pulled_codec) = if given.is_dir() {
+        let name = given
+            .canonicalize()?
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        (given, name, None)
+    } else {
+        let report = fetch(&src)?;
+        let Outcome::Checkpoint { snapshot, codec } = report.outcome else {
+            anyhow::bail!(
+                "{} is not a checkpoint (config.json and safetensors weights)",
+                report.target.repo
+            );
+        };
+        let commit = report
+            .sources
+            .first()
+            .map(|s| s.commit.as_str())
+            .unwrap_or("");
+        opts.source = Some(format!("{}@{commit}", report.target.repo));
+        (snapshot, report.target.name, Some(codec))
+    };
+    opts.codec = match (codec, pulled_codec) {
+        (Some(dir), _) => resolve_dir(&dir),
+        (None, Some(dir)) => dir,
+        (None, None) => match fetch(&codec_repo)?.outcome {
+            Outcome::Files { snapshot } => snapshot,
+            _ => anyhow::bail!("{codec_repo} does not hold a codec decoder"),
+        },
+    };
+    let dir = out.unwrap_or_else(|| PathBuf::from("models").join(&name));
+    if !quiet {
+        eprintln!(
+            "building {} ({}) with onnxruntime-genai's model builder",
+            checkpoint.display(),
+            opts.precision.as_str()
+        );
+    }
+    let report = build::build(&checkpoint, &dir, &opts)?;
+    println!("{}", report.summary);
+    if let Some(why) = &report.not_optimized {
+        println!("not optimized: {why}");
+    }
+    let what = match report.placed {
+        Placed::New => "in place",
+        Placed::Replaced => "replaced",
+        Placed::UpToDate => "already up to date",
+    };
+    println!("package {}: {what}", report.dir.display());
+    Ok(())
+}
+
 pub fn run(cmd: ModelsCmd, quiet: bool) -> Result<()> {
     match cmd {
+        ModelsCmd::Build {
+            src,
+            out,
+            precision,
+            execution,
+            codec,
+            codec_repo,
+            no_optimize,
+            force,
+        } => build_cmd(
+            BuildArgs {
+                src,
+                out,
+                codec,
+                codec_repo,
+                opts: BuildOptions {
+                    precision,
+                    target: execution,
+                    codec: PathBuf::new(),
+                    optimize: !no_optimize,
+                    force,
+                    show_builder: !quiet,
+                    source: None,
+                },
+            },
+            quiet,
+        ),
         ModelsCmd::Pull {
             name,
             revision,

@@ -1,0 +1,288 @@
+//! `models build`: a Hugging Face checkpoint (safetensors, config.json, tokenizer files) made into
+//! an ONNX package by onnxruntime-genai's model builder, run from the project venv. The builder
+//! writes the graph and genai_config.json; the package then takes the checkpoint's own
+//! tokenizer.json and config.json (the builder re-saves the tokenizer through transformers, and
+//! our front end must read the file the model was trained with) and the NeuCodec decoder. It is
+//! checked as `models check` does, made faster with `models optimize` (int4 exports), and only
+//! then renamed into place, as `models pull` does.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::Serialize;
+
+use super::optimize::{self, Levers, OptimizeError};
+use super::pull::{self, Placed};
+use super::{ModelPackage, PackageError};
+
+/// What the build records beside the package.
+pub const MANIFEST: &str = "build.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Int4,
+    Int8,
+    Fp16,
+    Fp32,
+}
+
+impl Precision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Int4 => "int4",
+            Precision::Int8 => "int8",
+            Precision::Fp16 => "fp16",
+            Precision::Fp32 => "fp32",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{}: not a checkpoint directory: {missing}", .dir.display())]
+    NotACheckpoint { dir: PathBuf, missing: String },
+    #[error(
+        "models build runs onnxruntime-genai's model builder, which needs torch and transformers \
+         in the project venv ({detail}): run scripts/setup.sh --build-tools"
+    )]
+    ToolsMissing { detail: String },
+    #[error("onnxruntime-genai's model builder failed ({status}){}", if .tail.is_empty() { String::new() } else { format!(":\n{}", .tail) })]
+    Builder { status: String, tail: String },
+    #[error(
+        "{}: exists and was not made by `models pull` or `models build`; move it away or pass \
+         --force to replace it",
+        .0.display()
+    )]
+    Occupied(PathBuf),
+    #[error("the built package does not pass `models check` (nothing was put in place): {0}")]
+    Check(#[from] PackageError),
+    #[error(transparent)]
+    Optimize(#[from] OptimizeError),
+    #[error("{}: {err}", .path.display())]
+    Io { path: PathBuf, err: std::io::Error },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
+    move |err| BuildError::Io {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    pub precision: Precision,
+    pub target: Target,
+    /// The NeuCodec decoder package directory to put in `codec/`.
+    pub codec: PathBuf,
+    /// Run `models optimize` on an int4 export.
+    pub optimize: bool,
+    pub force: bool,
+    /// Show the builder's own output (its progress) on stderr.
+    pub show_builder: bool,
+    /// Where the checkpoint came from, for build.json (a repository and commit).
+    pub source: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildReport {
+    pub dir: PathBuf,
+    pub summary: String,
+    pub placed: Placed,
+    /// Why the package was not optimized, when it was not.
+    pub not_optimized: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Manifest<'a> {
+    checkpoint: String,
+    source: Option<&'a str>,
+    precision: Precision,
+    target: Target,
+    builder: String,
+    optimized: bool,
+}
+
+/// The venv python that has the builder, torch and transformers, and the builder's version.
+fn builder_python() -> Result<(PathBuf, String), BuildError> {
+    let Some(python) = crate::paths::in_homes("venv/bin/python")
+        .into_iter()
+        .find(|p| p.exists())
+    else {
+        return Err(BuildError::ToolsMissing {
+            detail: "no .onebit/venv".into(),
+        });
+    };
+    let probe = Command::new(&python)
+        .args([
+            "-c",
+            "import torch, transformers, onnxruntime_genai.models.builder as b, \
+             onnxruntime_genai as g; print(g.__version__)",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io(&python))?;
+    if !probe.status.success() {
+        let err = String::from_utf8_lossy(&probe.stderr);
+        let last = err.lines().last().unwrap_or("").trim().to_owned();
+        return Err(BuildError::ToolsMissing {
+            detail: format!("{}: {last}", python.display()),
+        });
+    }
+    let version = String::from_utf8_lossy(&probe.stdout).trim().to_owned();
+    Ok((python, version))
+}
+
+fn check_checkpoint(dir: &Path) -> Result<(), BuildError> {
+    let missing = |what: &str| BuildError::NotACheckpoint {
+        dir: dir.to_path_buf(),
+        missing: what.to_owned(),
+    };
+    for f in ["config.json", "tokenizer.json"] {
+        if !dir.join(f).is_file() {
+            return Err(missing(&format!("no {f}")));
+        }
+    }
+    let has_weights = std::fs::read_dir(dir).map_err(io(dir))?.flatten().any(|e| {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        n.ends_with(".safetensors") || n.ends_with(".bin")
+    });
+    if !has_weights {
+        return Err(missing("no weights (*.safetensors or *.bin)"));
+    }
+    Ok(())
+}
+
+/// Builds `checkpoint` into a package at `dir`.
+pub fn build(
+    checkpoint: &Path,
+    dir: &Path,
+    opts: &BuildOptions,
+) -> Result<BuildReport, BuildError> {
+    check_checkpoint(checkpoint)?;
+    if !pull::replaceable(dir, opts.force) {
+        return Err(BuildError::Occupied(dir.to_path_buf()));
+    }
+    let (python, version) = builder_python()?;
+    let work = pull::work_dir(dir, "build").map_err(io(dir))?;
+    let result = build_in(checkpoint, &work, &python, &version, opts);
+    let outcome = result.and_then(|(ready, not_optimized)| {
+        let summary = ModelPackage::load(&ready, None)?.summary();
+        let placed = pull::install(&ready, dir).map_err(io(dir))?;
+        Ok(BuildReport {
+            dir: dir.to_path_buf(),
+            summary: summary.replace(&ready.display().to_string(), &dir.display().to_string()),
+            placed,
+            not_optimized,
+        })
+    });
+    let _ = std::fs::remove_dir_all(&work);
+    outcome
+}
+
+/// Runs the builder into `work/raw`, completes the package there and optimizes it into
+/// `work/opt`; returns the directory that is the finished package.
+fn build_in(
+    checkpoint: &Path,
+    work: &Path,
+    python: &Path,
+    version: &str,
+    opts: &BuildOptions,
+) -> Result<(PathBuf, Option<String>), BuildError> {
+    let raw = work.join("raw");
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "onnxruntime_genai.models.builder", "-i"])
+        .arg(checkpoint)
+        .arg("-o")
+        .arg(&raw)
+        .args(["-p", opts.precision.as_str(), "-e"])
+        .arg(match opts.target {
+            Target::Cpu => "cpu",
+            Target::Cuda => "cuda",
+        })
+        .arg("-c")
+        .arg(work.join("cache"))
+        .stdin(Stdio::null());
+    tracing::info!("running {cmd:?}");
+    let (status, tail) = if opts.show_builder {
+        let status = cmd.status().map_err(io(python))?;
+        (status, String::new())
+    } else {
+        let out = cmd.output().map_err(io(python))?;
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+        (out.status, tail)
+    };
+    if !status.success() {
+        return Err(BuildError::Builder {
+            status: status.to_string(),
+            tail,
+        });
+    }
+    // The checkpoint's own files over the builder's re-saved ones.
+    for f in ["tokenizer.json", "config.json", "tokenizer_config.json"] {
+        let from = checkpoint.join(f);
+        if from.is_file() {
+            let to = raw.join(f);
+            let _ = std::fs::remove_file(&to);
+            crate::paths::link_or_copy(&from, &to).map_err(io(&to))?;
+        }
+    }
+    copy_codec(&opts.codec, &raw.join("codec"))?;
+    ModelPackage::load(&raw, None)?;
+    let (ready, not_optimized) = match (opts.optimize, opts.precision) {
+        (false, _) => (raw.clone(), Some("--no-optimize".to_owned())),
+        (true, Precision::Int4) => {
+            let opt = work.join("opt");
+            optimize::optimize(&raw, &opt, Levers::default())?;
+            (opt, None)
+        }
+        // The optimizer cuts the int4 export's MatMulNBits head (docs/models.md).
+        (true, p) => (
+            raw.clone(),
+            Some(format!(
+                "models optimize takes int4 exports, not {}",
+                p.as_str()
+            )),
+        ),
+    };
+    let manifest = Manifest {
+        checkpoint: checkpoint.display().to_string(),
+        source: opts.source.as_deref(),
+        precision: opts.precision,
+        target: opts.target,
+        builder: format!("onnxruntime-genai {version}"),
+        optimized: not_optimized.is_none(),
+    };
+    let path = ready.join(MANIFEST);
+    pull::write_json(&path, &manifest).map_err(io(&path))?;
+    Ok((ready, not_optimized))
+}
+
+/// The codec package's files (decoder, encoder, codec.json), linked where the file system allows.
+fn copy_codec(from: &Path, to: &Path) -> Result<(), BuildError> {
+    let codec = super::CodecPackage::load(from)?;
+    std::fs::create_dir_all(to).map_err(io(to))?;
+    for e in std::fs::read_dir(&codec.dir)
+        .map_err(io(&codec.dir))?
+        .flatten()
+    {
+        let p = e.path();
+        if p.is_file() {
+            let dst = to.join(e.file_name());
+            crate::paths::link_or_copy(&p, &dst).map_err(io(&dst))?;
+        }
+    }
+    Ok(())
+}
