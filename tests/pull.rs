@@ -16,6 +16,10 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::Response;
 use sha2::{Digest, Sha256};
 
+/// A hub that refuses connections: port 1 (tcpmux) is privileged and never served here, unlike
+/// a port freed by a test, which another process may take.
+const CLOSED: &str = "http://127.0.0.1:1";
+
 struct HubFile {
     bytes: Vec<u8>,
     /// Stored through LFS: listed with its sha256, served by a redirect to the CDN route.
@@ -154,7 +158,10 @@ fn serve(state: &Mutex<HubState>, method: &Method, uri: &Uri, headers: &HeaderMa
             "Repository not found",
         );
     };
+    // A gated repository is listed to anyone; its files need the token of an account that
+    // accepted its terms.
     if let Some(token) = &repo.gated
+        && rest.first() == Some(&"resolve")
         && auth.as_deref() != Some(&format!("Bearer {token}"))
     {
         let status = if auth.is_some() {
@@ -594,6 +601,38 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
     );
     assert_eq!(downloads(&hub.log_since(mark)), Vec::<String>::new());
 
+    // A new commit that keeps the weights: the package is replaced, the GGUF blob reused.
+    hub.state
+        .lock()
+        .unwrap()
+        .repos
+        .get_mut("neuphonic/neutts-air-q4-gguf")
+        .unwrap()
+        .commit = "f".repeat(40);
+    let mark = hub.log_len();
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        common::stdout(&o).contains(": updated"),
+        "{}",
+        common::stdout(&o)
+    );
+    assert_eq!(downloads(&hub.log_since(mark)), Vec::<String>::new());
+    let snap = run.snapshot("neuphonic/neutts-air-q4-gguf", &"f".repeat(40));
+    assert_eq!(
+        std::fs::read(snap.join("neutts-air-Q4_0.gguf")).unwrap(),
+        std::fs::read(g.join("model-f32.gguf")).unwrap()
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(pkg.join("pull.json")).unwrap()).unwrap();
+    assert!(
+        manifest["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["commit"] == "f".repeat(40))
+    );
+
     // The package gone, the cache kept: put back from the cache without a download.
     std::fs::remove_dir_all(&pkg).unwrap();
     let mark = hub.log_len();
@@ -604,9 +643,7 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
 
     // The hub unreachable: the cached snapshot still makes the package, and the output says so.
     std::fs::remove_dir_all(&pkg).unwrap();
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let closed_url = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
+    let closed_url = CLOSED.to_owned();
     let o = run.pull(
         &["neutts-air-q4", "--dir", &dir],
         &[("HF_ENDPOINT", &closed_url)],
@@ -796,14 +833,34 @@ fn unknown_names_missing_repositories_and_an_unreachable_hub_get_clear_errors() 
         "{e}"
     );
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
-    let e = common::error_line(&run.pull(&["neutts-air-q4"], &[("HF_ENDPOINT", &url)]));
+    let url = CLOSED;
+    let e = common::error_line(&run.pull(&["neutts-air-q4"], &[("HF_ENDPOINT", url)]));
     assert!(
         e.contains(&format!("could not reach {url}")) && e.contains("HF_ENDPOINT"),
         "{e}"
     );
+
+    // A listing whose names would leave the cache or the package is refused whole.
+    hub.state.lock().unwrap().repos.insert(
+        "evil/names".into(),
+        HubRepo {
+            commit: "9".repeat(40),
+            files: vec![(
+                "../../../escaped.txt".into(),
+                HubFile {
+                    bytes: b"x".to_vec(),
+                    lfs: false,
+                },
+            )],
+            gated: None,
+        },
+    );
+    let e = common::error_line(&run.pull(&["evil/names"], &[]));
+    assert!(
+        e.contains("\"../../../escaped.txt\" is not a plain relative path"),
+        "{e}"
+    );
+    assert!(!run.hf_home.join("escaped.txt").exists() && !run.work.join("escaped.txt").exists());
 
     // A directory pull did not make is never replaced without --force.
     let dir = run.dir("neutts-air-q4");
@@ -832,6 +889,19 @@ fn unknown_names_missing_repositories_and_an_unreachable_hub_get_clear_errors() 
     );
     assert!(o.status.success(), "{}", common::stderr(&o));
     assert!(!dir.join("mine.txt").exists() && dir.join("pull.json").exists());
+    // Not even --force replaces a directory that holds packages.
+    let models = run.work.join("models");
+    let e = common::error_line(&run.pull(
+        &[
+            "neutts-air-q4",
+            "--dir",
+            models.to_str().unwrap(),
+            "--force",
+        ],
+        &[],
+    ));
+    assert!(e.contains("was not made by `models pull`"), "{e}");
+    assert!(dir.join("pull.json").exists());
 }
 
 #[test]
@@ -846,7 +916,10 @@ fn a_checkpoint_and_a_plain_repository_land_in_the_cache() {
         out.contains(&format!("checkpoint {}", snap.display())),
         "{out}"
     );
-    assert!(out.contains("onnxruntime-genai"), "{out}");
+    assert!(
+        out.contains("onebit-tts models build neuphonic/neutts-air"),
+        "{out}"
+    );
     for f in ["config.json", "tokenizer.json", "model.safetensors"] {
         assert!(snap.join(f).exists(), "{f}");
     }

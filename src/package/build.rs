@@ -11,12 +11,13 @@ use std::process::{Command, Stdio};
 
 use serde::Serialize;
 
+use super::install;
+pub use super::install::Placed;
 use super::optimize::{self, Levers, OptimizeError};
-use super::pull::{self, Placed};
 use super::{ModelPackage, PackageError};
 
 /// What the build records beside the package.
-pub const MANIFEST: &str = "build.json";
+pub const MANIFEST: &str = super::install::BUILT;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -169,15 +170,15 @@ pub fn build(
     opts: &BuildOptions,
 ) -> Result<BuildReport, BuildError> {
     check_checkpoint(checkpoint)?;
-    if !pull::replaceable(dir, opts.force) {
+    if !install::replaceable(dir, opts.force) {
         return Err(BuildError::Occupied(dir.to_path_buf()));
     }
     let (python, version) = builder_python()?;
-    let work = pull::work_dir(dir, "build").map_err(io(dir))?;
+    let work = install::work_dir(dir, "build").map_err(io(dir))?;
     let result = build_in(checkpoint, &work, &python, &version, opts);
     let outcome = result.and_then(|(ready, not_optimized)| {
         let summary = ModelPackage::load(&ready, None)?.summary();
-        let placed = pull::install(&ready, dir).map_err(io(dir))?;
+        let placed = install::install(&ready, dir).map_err(io(dir))?;
         Ok(BuildReport {
             dir: dir.to_path_buf(),
             summary: summary.replace(&ready.display().to_string(), &dir.display().to_string()),
@@ -266,7 +267,7 @@ fn build_in(
         optimized: not_optimized.is_none(),
     };
     let path = ready.join(MANIFEST);
-    pull::write_json(&path, &manifest).map_err(io(&path))?;
+    install::write_json(&path, &manifest).map_err(io(&path))?;
     Ok((ready, not_optimized))
 }
 

@@ -85,6 +85,15 @@ pub enum HubError {
         want: String,
         got: String,
     },
+    #[error(
+        "{repo}/{file}: another process is downloading it (lock {}); run again when it is done",
+        .lock.display()
+    )]
+    Busy {
+        repo: String,
+        file: String,
+        lock: PathBuf,
+    },
     #[error("{repo}: the hub's answer is not what was expected: {detail}")]
     Protocol { repo: String, detail: String },
     #[error("{}: {err}", .path.display())]
@@ -108,26 +117,34 @@ pub struct HubConfig {
 }
 
 impl HubConfig {
-    /// `HF_ENDPOINT` (default the public hub), `HF_HOME` (the cache is `$HF_HOME/hub`, else
-    /// `~/.cache/huggingface/hub`), `HF_TOKEN` (else the token file `hf auth login` writes beside
-    /// the cache).
+    /// As `huggingface_hub` reads them: `HF_ENDPOINT` (default the public hub); the cache
+    /// `HF_HUB_CACHE`, else `$HF_HOME/hub`, with `HF_HOME` defaulting to
+    /// `$XDG_CACHE_HOME/huggingface` and that to `~/.cache/huggingface`; the token `HF_TOKEN`,
+    /// else the file `HF_TOKEN_PATH` names, else `$HF_HOME/token` (what `hf auth login` writes).
     pub fn from_env() -> Self {
+        let var = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
         let endpoint = std::env::var("HF_ENDPOINT")
             .ok()
             .filter(|e| !e.is_empty())
             .map(|e| e.trim_end_matches('/').to_owned())
             .unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned());
-        let cache_dir = match std::env::var_os("HF_HOME") {
-            Some(home) if !home.is_empty() => PathBuf::from(home).join("hub"),
-            _ => std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("."))
-                .join(".cache/huggingface/hub"),
-        };
+        let hf_home = var("HF_HOME").unwrap_or_else(|| {
+            var("XDG_CACHE_HOME")
+                .or_else(|| var("HOME").map(|h| h.join(".cache")))
+                .unwrap_or_else(|| PathBuf::from(".cache"))
+                .join("huggingface")
+        });
+        let cache_dir = var("HF_HUB_CACHE").unwrap_or_else(|| hf_home.join("hub"));
+        let token_file = var("HF_TOKEN_PATH").unwrap_or_else(|| hf_home.join("token"));
         let token = std::env::var("HF_TOKEN")
             .ok()
-            .filter(|t| !t.trim().is_empty())
-            .or_else(|| Cache::new(cache_dir.clone()).token());
+            .or_else(|| std::fs::read_to_string(token_file).ok())
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty());
         Self {
             endpoint,
             cache_dir,
@@ -144,6 +161,8 @@ pub struct RepoFile {
     pub size: Option<u64>,
     /// Stated for LFS files (the large ones): the sha256 of the content.
     pub sha256: Option<String>,
+    /// The name of its blob in the cache: the LFS sha256, else the git blob id.
+    pub etag: Option<String>,
 }
 
 /// A repository at one commit: what `models pull` fetches from.
@@ -222,6 +241,8 @@ struct InfoJson {
 struct SiblingJson {
     rfilename: String,
     size: Option<u64>,
+    #[serde(rename = "blobId")]
+    blob_id: Option<String>,
     lfs: Option<LfsJson>,
 }
 
@@ -243,9 +264,8 @@ impl Hub {
             .with_cache_dir(config.cache_dir.clone())
             .with_token(config.token.clone())
             .with_progress(false)
-            // A dropped connection is retried from where it stopped a few times within the
-            // run; a run that still fails leaves the `.part` for the next one to resume.
-            .with_retries(2)
+            // Retries are ours ([`Hub::download`]).
+            .with_retries(0)
             .with_user_agent("onebit-tts", env!("CARGO_PKG_VERSION"))
             .build()
             .map_err(|e| HubError::Protocol {
@@ -304,15 +324,37 @@ impl Hub {
             repo: repo.to_owned(),
             detail: "repository info without a commit (sha)".into(),
         })?;
-        let files = info
-            .siblings
-            .into_iter()
-            .map(|s| RepoFile {
+        let protocol = |detail: String| HubError::Protocol {
+            repo: repo.to_owned(),
+            detail,
+        };
+        if !is_hex(&commit, 40) {
+            return Err(protocol(format!(
+                "commit {commit:?} is not a 40-digit hex id"
+            )));
+        }
+        let mut files = Vec::new();
+        for s in info.siblings {
+            // The names become paths in the cache and the package: a listing must not reach
+            // outside them.
+            if !safe_relative(&s.rfilename) {
+                return Err(protocol(format!(
+                    "file name {:?} is not a plain relative path",
+                    s.rfilename
+                )));
+            }
+            let sha256 = s.lfs.as_ref().map(|l| l.sha256.to_ascii_lowercase());
+            let etag = sha256
+                .clone()
+                .or(s.blob_id)
+                .filter(|e| is_hex(e, 40) || is_hex(e, 64));
+            files.push(RepoFile {
                 size: s.size.or(s.lfs.as_ref().and_then(|l| l.size)),
-                sha256: s.lfs.map(|l| l.sha256.to_ascii_lowercase()),
+                sha256,
+                etag,
                 path: s.rfilename,
-            })
-            .collect();
+            });
+        }
         Ok(Snapshot {
             repo: repo.to_owned(),
             revision: revision.to_owned(),
@@ -370,26 +412,26 @@ impl Hub {
                 detail: format!("and {}/{} is not in the cache", snap.repo, file.path),
             });
         }
-        let api_repo = self.api.repo(self.repo(&snap.repo, &snap.revision));
-        let download = |progress: &mut dyn FetchProgress| {
-            let adapter = Adapter {
-                inner: progress,
-                file: file.path.clone(),
-                size: 0,
-                started: false,
-            };
-            api_repo.download_with_progress(&file.path, adapter)
-        };
-        let got = match download(progress) {
-            Err(ApiError::InvalidResume) => {
-                // A `.part` longer than the file: it belongs to other content; start over.
-                remove_parts(&self.repo_dir(&snap.repo).join("blobs"));
-                download(progress)
+        // The same content under another commit (a new revision that kept the weights): link
+        // the blob the cache already has instead of downloading it again.
+        if let Some(blob) = file
+            .etag
+            .as_ref()
+            .map(|e| self.repo_dir(&snap.repo).join("blobs").join(e))
+            && blob.is_file()
+        {
+            match verify(&snap.repo, file, &blob) {
+                Ok(f) => {
+                    self.link_snapshot(snap, &file.path, &blob)?;
+                    return Ok(Fetched { path: local, ..f });
+                }
+                Err(HubError::Mismatch { .. }) => {
+                    let _ = std::fs::remove_file(&blob);
+                }
+                Err(e) => return Err(e),
             }
-            other => other,
         }
-        .map_err(|e| self.api_error(&snap.repo, &file.path, e))?;
-        let fetched = verify(&snap.repo, file, &got).inspect_err(|_| remove_cached(&got))?;
+        let got = self.download(snap, file, progress)?;
         if got != local {
             return Err(HubError::Moved {
                 repo: snap.repo.clone(),
@@ -404,19 +446,85 @@ impl Hub {
                     .unwrap_or_default(),
             });
         }
+        let fetched = verify(&snap.repo, file, &got).inspect_err(|_| remove_cached(&got))?;
         Ok(Fetched {
             downloaded: true,
             ..fetched
         })
     }
 
+    /// Downloads through hf-hub, one attempt at a time: each attempt reopens the blob's `.part`
+    /// and asks for the bytes after it (hf-hub's own retry loop can re-request from 0 onto a
+    /// resumed `.part`), so a connection that breaks off is resumed where it stopped.
+    fn download(
+        &self,
+        snap: &Snapshot,
+        file: &RepoFile,
+        progress: &mut dyn FetchProgress,
+    ) -> Result<PathBuf, HubError> {
+        const ATTEMPTS: u32 = 3;
+        let api_repo = self.api.repo(self.repo(&snap.repo, &snap.revision));
+        let part = file.etag.as_ref().map(|e| {
+            self.repo_dir(&snap.repo)
+                .join("blobs")
+                .join(format!("{e}.part"))
+        });
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let adapter = Adapter {
+                inner: &mut *progress,
+                file: file.path.clone(),
+                size: 0,
+                started: false,
+            };
+            let err = match api_repo.download_with_progress(&file.path, adapter) {
+                Ok(path) => return Ok(path),
+                Err(e) => e,
+            };
+            let restart = matches!(err, ApiError::InvalidResume)
+                || matches!(&err, ApiError::RequestError(e)
+                    if matches!(&**e, ureq::Error::Status(416, _)));
+            let err = self.api_error(&snap.repo, &file.path, err);
+            match (&err, &part) {
+                // A `.part` that does not fit the file (longer, or already whole but never
+                // renamed): its bytes cannot be trusted; start this file over.
+                _ if restart && attempt < ATTEMPTS => {
+                    if let Some(p) = &part {
+                        let _ = std::fs::remove_file(p);
+                    }
+                }
+                (HubError::Interrupted { .. }, _) if attempt < ATTEMPTS => {
+                    tracing::warn!("{err}; resuming (attempt {} of {ATTEMPTS})", attempt + 1);
+                    std::thread::sleep(std::time::Duration::from_secs(u64::from(attempt)));
+                }
+                _ => return Err(err),
+            }
+        }
+    }
+
+    /// Makes `snapshots/COMMIT/PATH` point at `blob` (relative, as the hub's tools do) and
+    /// `refs/REVISION` name the commit.
+    fn link_snapshot(&self, snap: &Snapshot, path: &str, blob: &Path) -> Result<(), HubError> {
+        let pointer = self.snapshot_dir(&snap.repo, &snap.commit).join(path);
+        let parent = pointer.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+        let depth = path.split('/').count() + 1;
+        let target = PathBuf::from("../".repeat(depth))
+            .join("blobs")
+            .join(blob.file_name().unwrap_or_default());
+        let _ = std::fs::remove_file(&pointer);
+        std::os::unix::fs::symlink(&target, &pointer).map_err(io(&pointer))?;
+        Cache::new(self.config.cache_dir.clone())
+            .repo(self.repo(&snap.repo, &snap.revision))
+            .create_ref(&snap.commit)
+            .map_err(io(&self.repo_dir(&snap.repo)))
+    }
+
     fn api_error(&self, repo: &str, file: &str, e: ApiError) -> HubError {
         match e {
             // Connected, then cut off (the server or the network dropped the body).
-            ApiError::RequestError(e)
-                if matches!(&*e, ureq::Error::Transport(t)
-                    if !matches!(t.kind(), ureq::ErrorKind::Dns | ureq::ErrorKind::ConnectionFailed)) =>
-            {
+            ApiError::RequestError(e) if matches!(&*e, ureq::Error::Transport(t) if t.kind() == ureq::ErrorKind::Io) => {
                 HubError::Interrupted {
                     endpoint: self.config.endpoint.clone(),
                     repo: repo.to_owned(),
@@ -435,6 +543,11 @@ impl Hub {
             ApiError::IoError(err) => HubError::Io {
                 path: self.repo_dir(repo),
                 err,
+            },
+            ApiError::LockAcquisition(path) => HubError::Busy {
+                repo: repo.to_owned(),
+                file: file.to_owned(),
+                lock: path,
             },
             other => HubError::Protocol {
                 repo: repo.to_owned(),
@@ -455,10 +568,12 @@ impl Hub {
                         url: format!("{}/{repo}", self.config.endpoint),
                         had_token,
                     },
-                    (_, Some("RevisionNotFound")) => HubError::NoRevision {
-                        repo: repo.to_owned(),
-                        revision: what.trim_start_matches("revision ").to_owned(),
-                    },
+                    (_, Some("RevisionNotFound")) if what.starts_with("revision ") => {
+                        HubError::NoRevision {
+                            repo: repo.to_owned(),
+                            revision: what.trim_start_matches("revision ").to_owned(),
+                        }
+                    }
                     // The hub answers 401 for a private repository as for a missing one.
                     (_, Some("RepoNotFound")) | (401, _) => HubError::NotFound {
                         repo: repo.to_owned(),
@@ -487,7 +602,7 @@ fn is_transport(err: &std::io::Error) -> bool {
     matches!(
         err.kind(),
         UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut | Other
-    ) && err.raw_os_error().is_none_or(|c| c != libc::ENOSPC)
+    )
 }
 
 /// Files under a cached snapshot, with what their blob names say: an LFS blob is named by its
@@ -516,6 +631,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<RepoFile>) {
         out.push(RepoFile {
             path: rel.to_string_lossy().replace('\\', "/"),
             size: None,
+            etag: sha256.clone(),
             sha256,
         });
     }
@@ -574,12 +690,15 @@ fn remove_cached(pointer: &Path) {
     let _ = std::fs::remove_file(pointer);
 }
 
-fn remove_parts(blobs: &Path) {
-    if let Ok(entries) = std::fs::read_dir(blobs) {
-        for e in entries.flatten() {
-            if e.path().extension().is_some_and(|x| x == "part") {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A `/`-separated path of plain names: nothing absolute, no `..` or `.`, no backslashes.
+fn safe_relative(path: &str) -> bool {
+    !path.is_empty()
+        && !path.contains('\\')
+        && path
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
 }

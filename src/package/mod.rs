@@ -8,6 +8,7 @@ pub mod build;
 pub mod genai;
 pub mod gguf;
 pub mod hub;
+pub mod install;
 pub mod logits;
 pub mod optimize;
 pub mod pull;

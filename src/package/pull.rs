@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::ModelPackage;
 use super::hub::{FetchProgress, Fetched, Hub, HubError, RepoFile, Snapshot};
+pub use super::install::Placed;
+use super::install::{install, replaceable, work_dir, write_json};
 
 /// The vendor's NeuCodec decoder in ONNX (`codes` int32 [B,1,F] -> float32 [B,1,F*480]).
 pub const CODEC_REPO: &str = "neuphonic/neucodec-onnx-decoder";
@@ -42,7 +44,7 @@ pub const KNOWN: &[(&str, &str, &str)] = &[
 ];
 
 /// The file that records what a pulled package was made from.
-pub const MANIFEST: &str = "pull.json";
+pub const MANIFEST: &str = super::install::PULLED;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
@@ -192,13 +194,6 @@ pub struct SourceReport {
     pub fetched: usize,
     pub downloaded: usize,
     pub bytes_downloaded: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placed {
-    New,
-    Replaced,
-    UpToDate,
 }
 
 #[derive(Debug, Clone)]
@@ -491,6 +486,9 @@ fn place(
     codec_json: Option<&str>,
     force: bool,
 ) -> Result<(String, Placed), PullError> {
+    if read_manifest(dir).as_ref() == Some(manifest) && same_files(dir, manifest) {
+        return Ok((ModelPackage::load(dir, None)?.summary(), Placed::UpToDate));
+    }
     if !replaceable(dir, force) {
         return Err(PullError::Occupied(dir.to_path_buf()));
     }
@@ -499,64 +497,11 @@ fn place(
         let summary = ModelPackage::load(&work, None)?
             .summary()
             .replace(&work.display().to_string(), &dir.display().to_string());
-        if read_manifest(dir).as_ref() == Some(manifest) && same_files(dir, manifest) {
-            return Ok((summary, Placed::UpToDate));
-        }
         let placed = install(&work, dir).map_err(io(dir))?;
         Ok((summary, placed))
     });
     let _ = std::fs::remove_dir_all(&work);
     result
-}
-
-/// Whether a package may be put at `dir`: nothing is there, or `models pull` or `models build`
-/// made what is there (its manifest says so), or the user said `--force`.
-pub(crate) fn replaceable(dir: &Path, force: bool) -> bool {
-    force
-        || !dir.exists()
-        || dir.join(MANIFEST).is_file()
-        || dir.join(super::build::MANIFEST).is_file()
-}
-
-/// A fresh directory beside `dir` (same file system, so the final rename is atomic) to assemble
-/// a package in.
-pub(crate) fn work_dir(dir: &Path, what: &str) -> std::io::Result<PathBuf> {
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)?;
-    let leaf = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "package".into());
-    let work = parent.join(format!(".{leaf}.{what}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir(&work)?;
-    Ok(work)
-}
-
-/// Renames the finished package `ready` to `dir`; a package already there is moved aside first
-/// and removed only once the new one is in place (put back if the rename fails).
-pub(crate) fn install(ready: &Path, dir: &Path) -> std::io::Result<Placed> {
-    if !dir.exists() {
-        std::fs::rename(ready, dir)?;
-        return Ok(Placed::New);
-    }
-    let old = dir.with_file_name(format!(
-        ".{}.old-{}",
-        dir.file_name()
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    std::fs::rename(dir, &old)?;
-    if let Err(e) = std::fs::rename(ready, dir) {
-        let _ = std::fs::rename(&old, dir);
-        return Err(e);
-    }
-    let _ = std::fs::remove_dir_all(&old);
-    Ok(Placed::Replaced)
 }
 
 fn build_dir(
@@ -581,15 +526,6 @@ fn build_dir(
     let path = tmp.join(MANIFEST);
     let _ = std::fs::remove_file(&path);
     write_json(&path, manifest).map_err(io(&path))
-}
-
-/// Written beside its name and renamed over it, so it replaces a link rather than writing
-/// through one into a cached blob.
-pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
-    let mut f = crate::paths::PartialFile::create(path)?;
-    std::io::Write::write_all(&mut f, (text + "\n").as_bytes())?;
-    f.commit()
 }
 
 fn read_manifest(dir: &Path) -> Option<Manifest> {
