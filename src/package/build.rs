@@ -11,10 +11,10 @@ use std::process::{Command, Stdio};
 
 use serde::Serialize;
 
-use super::install;
 pub use super::install::Placed;
 use super::optimize::{self, Levers, OptimizeError};
 use super::{ModelPackage, PackageError};
+use super::{install, pull};
 
 /// What the build records beside the package.
 pub const MANIFEST: &str = super::install::BUILT;
@@ -46,8 +46,25 @@ pub enum Target {
     Cuda,
 }
 
+impl Target {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Target::Cpu => "cpu",
+            Target::Cuda => "cuda",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    #[error(
+        "onnxruntime-genai's builder does not make {precision} for {target}: on cpu use int4, \
+         int8 or fp32; fp16 is for cuda"
+    )]
+    Unsupported {
+        precision: &'static str,
+        target: &'static str,
+    },
     #[error("{}: not a checkpoint directory: {missing}", .dir.display())]
     NotACheckpoint { dir: PathBuf, missing: String },
     #[error(
@@ -57,12 +74,8 @@ pub enum BuildError {
     ToolsMissing { detail: String },
     #[error("onnxruntime-genai's model builder failed ({status}){}", if .tail.is_empty() { String::new() } else { format!(":\n{}", .tail) })]
     Builder { status: String, tail: String },
-    #[error(
-        "{}: exists and was not made by `models pull` or `models build`; move it away or pass \
-         --force to replace it",
-        .0.display()
-    )]
-    Occupied(PathBuf),
+    #[error(transparent)]
+    Install(#[from] install::InstallError),
     #[error("the built package does not pass `models check` (nothing was put in place): {0}")]
     Check(#[from] PackageError),
     #[error(transparent)]
@@ -79,11 +92,19 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
 }
 
 #[derive(Debug, Clone)]
+pub enum CodecSource {
+    /// A codec package directory (model.onnx or codec.json's decoder, an optional encoder).
+    Package(PathBuf),
+    /// Files `models pull` fetched from a codec repository.
+    Pulled(pull::CodecFiles),
+}
+
+#[derive(Debug, Clone)]
 pub struct BuildOptions {
     pub precision: Precision,
     pub target: Target,
-    /// The NeuCodec decoder package directory to put in `codec/`.
-    pub codec: PathBuf,
+    /// The NeuCodec decoder to put in `codec/`.
+    pub codec: CodecSource,
     /// Run `models optimize` on an int4 export.
     pub optimize: bool,
     pub force: bool,
@@ -163,6 +184,19 @@ fn check_checkpoint(dir: &Path) -> Result<(), BuildError> {
     Ok(())
 }
 
+/// What can be refused before anything is fetched or built: the precision for the target (the
+/// builder's own list of valid pairs) and the package directory.
+pub fn precheck(dir: &Path, opts: &BuildOptions) -> Result<(), BuildError> {
+    if opts.precision == Precision::Fp16 && opts.target == Target::Cpu {
+        return Err(BuildError::Unsupported {
+            precision: opts.precision.as_str(),
+            target: opts.target.as_str(),
+        });
+    }
+    install::check_replaceable(dir, opts.force)?;
+    Ok(())
+}
+
 /// Builds `checkpoint` into a package at `dir`.
 pub fn build(
     checkpoint: &Path,
@@ -170,15 +204,13 @@ pub fn build(
     opts: &BuildOptions,
 ) -> Result<BuildReport, BuildError> {
     check_checkpoint(checkpoint)?;
-    if !install::replaceable(dir, opts.force) {
-        return Err(BuildError::Occupied(dir.to_path_buf()));
-    }
+    precheck(dir, opts)?;
     let (python, version) = builder_python()?;
-    let work = install::work_dir(dir, "build").map_err(io(dir))?;
+    let work = install::work_dir(dir, "build")?;
     let result = build_in(checkpoint, &work, &python, &version, opts);
     let outcome = result.and_then(|(ready, not_optimized)| {
         let summary = ModelPackage::load(&ready, None)?.summary();
-        let placed = install::install(&ready, dir).map_err(io(dir))?;
+        let placed = install::install(&ready, dir)?;
         Ok(BuildReport {
             dir: dir.to_path_buf(),
             summary: summary.replace(&ready.display().to_string(), &dir.display().to_string()),
@@ -205,11 +237,7 @@ fn build_in(
         .arg(checkpoint)
         .arg("-o")
         .arg(&raw)
-        .args(["-p", opts.precision.as_str(), "-e"])
-        .arg(match opts.target {
-            Target::Cpu => "cpu",
-            Target::Cuda => "cuda",
-        })
+        .args(["-p", opts.precision.as_str(), "-e", opts.target.as_str()])
         .arg("-c")
         .arg(work.join("cache"))
         .stdin(Stdio::null());
@@ -271,18 +299,55 @@ fn build_in(
     Ok((ready, not_optimized))
 }
 
-/// The codec package's files (decoder, encoder, codec.json), linked where the file system allows.
-fn copy_codec(from: &Path, to: &Path) -> Result<(), BuildError> {
-    let codec = super::CodecPackage::load(from)?;
+/// The codec's files into `to`: a package's decoder (with its external data), encoder and
+/// codec.json, or the pulled files with a codec.json naming a decoder not called model.onnx.
+fn copy_codec(from: &CodecSource, to: &Path) -> Result<(), BuildError> {
     std::fs::create_dir_all(to).map_err(io(to))?;
-    for e in std::fs::read_dir(&codec.dir)
-        .map_err(io(&codec.dir))?
-        .flatten()
-    {
-        let p = e.path();
-        if p.is_file() {
-            let dst = to.join(e.file_name());
-            crate::paths::link_or_copy(&p, &dst).map_err(io(&dst))?;
+    let link = |src: &Path, name: &str| {
+        let dst = to.join(name);
+        crate::paths::link_or_copy(src, &dst)
+            .map(drop)
+            .map_err(io(&dst))
+    };
+    match from {
+        CodecSource::Pulled(c) => {
+            for (src, name) in &c.files {
+                link(src, name)?;
+            }
+            if c.decoder != "model.onnx" {
+                let json = serde_json::json!({
+                    "sample_rate": super::CODEC_SAMPLE_RATE,
+                    "hop_length": super::CODEC_HOP,
+                    "decoder": c.decoder,
+                });
+                let path = to.join("codec.json");
+                install::write_json(&path, &json).map_err(io(&path))?;
+            }
+        }
+        CodecSource::Package(dir) => {
+            let codec = super::CodecPackage::load(dir)?;
+            let named = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+            let mut keep: Vec<String> = [Some(&codec.decoder), codec.encoder.as_ref()]
+                .into_iter()
+                .flatten()
+                .filter_map(|p| named(p))
+                .collect();
+            keep.push("codec.json".into());
+            for e in std::fs::read_dir(&codec.dir)
+                .map_err(io(&codec.dir))?
+                .flatten()
+            {
+                let name = e.file_name().to_string_lossy().into_owned();
+                // A graph's external data is named after it (model.onnx.data, model.onnx_data).
+                let wanted = keep.iter().any(|k| {
+                    name == *k
+                        || name.starts_with(&format!("{k}."))
+                        || name.starts_with(&format!("{k}_data"))
+                });
+                if wanted && e.path().is_file() {
+                    link(&e.path(), &name)?;
+                }
+            }
         }
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! The Hugging Face Hub as `models pull` sees it: a repository's file list at a revision (with
 //! the sizes and LFS sha256 sums the hub states) and files fetched into the hub's own cache
-//! layout (`$HF_HOME/hub`, else `~/.cache/huggingface/hub`), so what the Python tools already
-//! fetched is reused and what we fetch is theirs. Downloads go through hf-hub, which writes
+//! (found as `huggingface_hub` finds it: [`HubConfig::from_env`]) in its layout, so what the
+//! Python tools already fetched is reused and what we fetch is theirs. Downloads go through hf-hub, which writes
 //! `blobs/ETAG.part` and renames it only when complete, and resumes a `.part` left by an
 //! interrupted run with a Range request. Every file is checked here against the hub's size and
 //! sha256 before it is used; a file that fails is removed from the cache, never kept.
@@ -118,14 +118,19 @@ pub struct HubConfig {
 
 impl HubConfig {
     /// As `huggingface_hub` reads them: `HF_ENDPOINT` (default the public hub); the cache
-    /// `HF_HUB_CACHE`, else `$HF_HOME/hub`, with `HF_HOME` defaulting to
-    /// `$XDG_CACHE_HOME/huggingface` and that to `~/.cache/huggingface`; the token `HF_TOKEN`,
-    /// else the file `HF_TOKEN_PATH` names, else `$HF_HOME/token` (what `hf auth login` writes).
+    /// `HF_HUB_CACHE` (or the older `HUGGINGFACE_HUB_CACHE`), else `$HF_HOME/hub`, with
+    /// `HF_HOME` defaulting to `$XDG_CACHE_HOME/huggingface` and that to `~/.cache/huggingface`;
+    /// the token `HF_TOKEN` (or `HUGGING_FACE_HUB_TOKEN`), else the file `HF_TOKEN_PATH` names,
+    /// else `$HF_HOME/token` (what `hf auth login` writes). Empty values count as unset.
     pub fn from_env() -> Self {
+        // `~` expanded, as huggingface_hub does for these paths.
+        let home = std::env::var_os("HOME").map(PathBuf::from);
         let var = |k: &str| {
-            std::env::var_os(k)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
+            let v = std::env::var(k).ok().filter(|v| !v.is_empty())?;
+            match (v.strip_prefix("~/"), &home) {
+                (Some(rest), Some(h)) => Some(h.join(rest)),
+                _ => Some(PathBuf::from(v)),
+            }
         };
         let endpoint = std::env::var("HF_ENDPOINT")
             .ok()
@@ -134,17 +139,24 @@ impl HubConfig {
             .unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned());
         let hf_home = var("HF_HOME").unwrap_or_else(|| {
             var("XDG_CACHE_HOME")
-                .or_else(|| var("HOME").map(|h| h.join(".cache")))
+                .or_else(|| home.as_ref().map(|h| h.join(".cache")))
                 .unwrap_or_else(|| PathBuf::from(".cache"))
                 .join("huggingface")
         });
-        let cache_dir = var("HF_HUB_CACHE").unwrap_or_else(|| hf_home.join("hub"));
+        let cache_dir = var("HF_HUB_CACHE")
+            .or_else(|| var("HUGGINGFACE_HUB_CACHE"))
+            .unwrap_or_else(|| hf_home.join("hub"));
         let token_file = var("HF_TOKEN_PATH").unwrap_or_else(|| hf_home.join("token"));
+        let nonempty = |t: String| Some(t.trim().to_owned()).filter(|t| !t.is_empty());
         let token = std::env::var("HF_TOKEN")
             .ok()
-            .or_else(|| std::fs::read_to_string(token_file).ok())
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty());
+            .and_then(nonempty)
+            .or_else(|| {
+                std::env::var("HUGGING_FACE_HUB_TOKEN")
+                    .ok()
+                    .and_then(nonempty)
+            })
+            .or_else(|| std::fs::read_to_string(token_file).ok().and_then(nonempty));
         Self {
             endpoint,
             cache_dir,
@@ -406,7 +418,11 @@ impl Hub {
                 }
                 Err(e) => return Err(e),
             }
-        } else if snap.offline {
+        } else if std::fs::symlink_metadata(&local).is_ok() {
+            // A link to a blob that is gone: hf-hub would download, then fail to link.
+            let _ = std::fs::remove_file(&local);
+        }
+        if !local.exists() && snap.offline {
             return Err(HubError::Unreachable {
                 endpoint: self.config.endpoint.clone(),
                 detail: format!("and {}/{} is not in the cache", snap.repo, file.path),
@@ -463,7 +479,8 @@ impl Hub {
         progress: &mut dyn FetchProgress,
     ) -> Result<PathBuf, HubError> {
         const ATTEMPTS: u32 = 3;
-        let api_repo = self.api.repo(self.repo(&snap.repo, &snap.revision));
+        // By commit, not branch: the bytes are the listing's even if the branch moves meanwhile.
+        let api_repo = self.api.repo(self.repo(&snap.repo, &snap.commit));
         let part = file.etag.as_ref().map(|e| {
             self.repo_dir(&snap.repo)
                 .join("blobs")
@@ -479,7 +496,10 @@ impl Hub {
                 started: false,
             };
             let err = match api_repo.download_with_progress(&file.path, adapter) {
-                Ok(path) => return Ok(path),
+                Ok(path) => {
+                    self.point_ref(snap)?;
+                    return Ok(path);
+                }
                 Err(e) => e,
             };
             let restart = matches!(err, ApiError::InvalidResume)
@@ -515,10 +535,20 @@ impl Hub {
             .join(blob.file_name().unwrap_or_default());
         let _ = std::fs::remove_file(&pointer);
         std::os::unix::fs::symlink(&target, &pointer).map_err(io(&pointer))?;
+        self.point_ref(snap)
+    }
+
+    /// `refs/REVISION` names the commit, as the hub's tools keep it (hf-hub, asked by commit,
+    /// writes a ref named after the commit itself, which they never do).
+    fn point_ref(&self, snap: &Snapshot) -> Result<(), HubError> {
+        let refs = self.repo_dir(&snap.repo).join("refs");
+        if snap.revision != snap.commit {
+            let _ = std::fs::remove_file(refs.join(&snap.commit));
+        }
         Cache::new(self.config.cache_dir.clone())
             .repo(self.repo(&snap.repo, &snap.revision))
             .create_ref(&snap.commit)
-            .map_err(io(&self.repo_dir(&snap.repo)))
+            .map_err(io(&refs))
     }
 
     fn api_error(&self, repo: &str, file: &str, e: ApiError) -> HubError {
@@ -601,7 +631,7 @@ fn is_transport(err: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
     matches!(
         err.kind(),
-        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut | Other
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut
     )
 }
 
@@ -626,8 +656,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<RepoFile>) {
             .and_then(Path::file_name)
             .and_then(|n| n.to_str())
             .unwrap_or_default();
-        let sha256 = (name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| name.to_ascii_lowercase());
+        let sha256 = is_hex(name, 64).then(|| name.to_ascii_lowercase());
         out.push(RepoFile {
             path: rel.to_string_lossy().replace('\\', "/"),
             size: None,
@@ -701,4 +730,35 @@ fn safe_relative(path: &str) -> bool {
         && path
             .split('/')
             .all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_relative_names_are_taken_from_a_listing() {
+        for ok in [
+            "model.onnx",
+            "a/b.txt",
+            "onnx/model.onnx_data",
+            ".gitattributes",
+        ] {
+            assert!(safe_relative(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a/./b",
+            "./a",
+            "a//b",
+            "a/",
+            "a\\b",
+            "..",
+        ] {
+            assert!(!safe_relative(bad), "{bad}");
+        }
+    }
 }

@@ -19,50 +19,131 @@ pub enum Placed {
     UpToDate,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error(
+        "{}: exists and was not made by `models pull` or `models build`; move it away or pass \
+         --force to replace it",
+        .0.display()
+    )]
+    Occupied(PathBuf),
+    #[error(
+        "{}: holds model packages, which not even --force replaces: give the package's own \
+         directory",
+        .0.display()
+    )]
+    HoldsPackages(PathBuf),
+    #[error(
+        "{}: the new package could not take its place ({err}) and the old one could not be put \
+         back; it is at {}",
+        .dir.display(),
+        .old.display()
+    )]
+    Stranded {
+        dir: PathBuf,
+        old: PathBuf,
+        err: std::io::Error,
+    },
+    #[error("{}: {err}", .path.display())]
+    Io { path: PathBuf, err: std::io::Error },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
+    move |err| InstallError::Io {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
+fn ours(dir: &Path) -> bool {
+    dir.join(PULLED).is_file() || dir.join(BUILT).is_file()
+}
+
 /// Whether a package may be put at `dir`: nothing is there, or `models pull` or `models build`
-/// made what is there (its manifest says so), or the user said `--force`.
-pub fn replaceable(dir: &Path, force: bool) -> bool {
-    let ours = |d: &Path| d.join(PULLED).is_file() || d.join(BUILT).is_file();
-    // Not even --force replaces a directory that holds other packages (`--dir models`).
-    let holds_packages = || {
-        std::fs::read_dir(dir).is_ok_and(|entries| {
-            entries.flatten().any(|e| {
-                let p = e.path();
-                p.is_dir()
-                    && (ours(&p)
-                        || p.join("genai_config.json").is_file()
-                        || super::gguf::find_in(&p).is_ok_and(|g| g.is_some()))
-            })
+/// made what is there (its manifest says so), or the user said `--force` — but never over a
+/// directory that holds packages (`--dir models`).
+pub fn check_replaceable(dir: &Path, force: bool) -> Result<(), InstallError> {
+    if !dir.exists() || ours(dir) {
+        return Ok(());
+    }
+    let holds_packages = std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let p = e.path();
+            p.is_dir()
+                && (ours(&p)
+                    || p.join("genai_config.json").is_file()
+                    || super::gguf::find_in(&p).is_ok_and(|g| g.is_some()))
         })
-    };
-    !dir.exists() || ours(dir) || (force && !holds_packages())
+    });
+    match (force, holds_packages) {
+        (_, true) => Err(InstallError::HoldsPackages(dir.to_path_buf())),
+        (false, false) => Err(InstallError::Occupied(dir.to_path_buf())),
+        (true, false) => Ok(()),
+    }
 }
 
 /// A fresh directory beside `dir` (same file system, so the final rename is atomic) to assemble
-/// a package in.
-pub fn work_dir(dir: &Path, what: &str) -> std::io::Result<PathBuf> {
+/// a package in. What runs killed before (Ctrl-C in a build) left beside `dir` is cleaned up
+/// first: their work directories removed, and an old package that was moved aside put back if
+/// nothing took its place.
+pub fn work_dir(dir: &Path, what: &str) -> Result<PathBuf, InstallError> {
     let parent = dir
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)?;
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
     let leaf = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "package".into());
+    clean_stale(parent, &leaf, dir);
     let work = parent.join(format!(".{leaf}.{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir(&work)?;
+    std::fs::create_dir(&work).map_err(io(&work))?;
     Ok(work)
+}
+
+fn clean_stale(parent: &Path, leaf: &str, dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let prefix = format!(".{leaf}.");
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((kind, pid)) = name
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.rsplit_once('-'))
+        else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<i32>() else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only asks whether the process exists.
+        let dead = unsafe { libc::kill(pid, 0) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if !dead {
+            continue;
+        }
+        match kind {
+            "old" if !dir.exists() => {
+                let _ = std::fs::rename(e.path(), dir);
+            }
+            "old" | "pull" | "build" => {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Renames the finished package `ready` to `dir`. A package already there is swapped with it
 /// in one step (renameat2 RENAME_EXCHANGE: at every moment `dir` is the old package or the
 /// new one) and then removed; where the file system cannot exchange, it is moved aside first
 /// and put back if the second rename fails.
-pub fn install(ready: &Path, dir: &Path) -> std::io::Result<Placed> {
+pub fn install(ready: &Path, dir: &Path) -> Result<Placed, InstallError> {
     if !dir.exists() {
-        std::fs::rename(ready, dir)?;
+        std::fs::rename(ready, dir).map_err(io(dir))?;
         return Ok(Placed::New);
     }
     if exchange(ready, dir).is_ok() {
@@ -77,10 +158,16 @@ pub fn install(ready: &Path, dir: &Path) -> std::io::Result<Placed> {
             .unwrap_or_default(),
         std::process::id()
     ));
-    std::fs::rename(dir, &old)?;
-    if let Err(e) = std::fs::rename(ready, dir) {
-        std::fs::rename(&old, dir)?;
-        return Err(e);
+    std::fs::rename(dir, &old).map_err(io(dir))?;
+    if let Err(err) = std::fs::rename(ready, dir) {
+        if std::fs::rename(&old, dir).is_err() {
+            return Err(InstallError::Stranded {
+                dir: dir.to_path_buf(),
+                old,
+                err,
+            });
+        }
+        return Err(io(dir)(err));
     }
     let _ = std::fs::remove_dir_all(&old);
     Ok(Placed::Replaced)

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::ModelPackage;
 use super::hub::{FetchProgress, Fetched, Hub, HubError, RepoFile, Snapshot};
 pub use super::install::Placed;
-use super::install::{install, replaceable, work_dir, write_json};
+use super::install::{InstallError, check_replaceable, install, work_dir, write_json};
 
 /// The vendor's NeuCodec decoder in ONNX (`codes` int32 [B,1,F] -> float32 [B,1,F*480]).
 pub const CODEC_REPO: &str = "neuphonic/neucodec-onnx-decoder";
@@ -59,11 +59,8 @@ pub enum PullError {
     MissingFile { repo: String, what: String },
     #[error("{repo} holds several GGUF files ({}): choose one with --file", .files.join(", "))]
     SeveralGguf { repo: String, files: Vec<String> },
-    #[error(
-        "{}: exists and was not made by `models pull`; move it away or pass --force to replace it",
-        .0.display()
-    )]
-    Occupied(PathBuf),
+    #[error(transparent)]
+    Install(#[from] InstallError),
     #[error("the pulled files do not make a working package (nothing was put in place): {0}")]
     Check(#[from] super::PackageError),
     #[error("{}: {err}", .path.display())]
@@ -203,14 +200,55 @@ pub enum Outcome {
         summary: String,
         placed: Placed,
     },
-    /// A checkpoint in the cache and the codec's snapshot: `models build` makes the package.
+    /// A checkpoint in the cache and the codec's files: `models build` makes the package.
     Checkpoint {
         snapshot: PathBuf,
-        codec: PathBuf,
+        codec: CodecFiles,
     },
     Files {
         snapshot: PathBuf,
     },
+}
+
+/// The codec decoder's files in the cache and their names in a package's `codec/`.
+#[derive(Debug, Clone)]
+pub struct CodecFiles {
+    /// The decoder's file name (codec.json names it when it is not `model.onnx`).
+    pub decoder: String,
+    pub files: Vec<(PathBuf, String)>,
+}
+
+impl CodecFiles {
+    fn of(files: &[(Fetched, ManifestFile)], decoder: String) -> Self {
+        Self {
+            decoder,
+            files: files
+                .iter()
+                .filter_map(|(f, m)| {
+                    m.to.strip_prefix("codec/")
+                        .map(|name| (f.path.clone(), name.to_owned()))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The codec decoder of `repo` fetched into the cache (for `models build` of a checkpoint
+/// directory).
+pub fn pull_codec(
+    hub: &Hub,
+    repo: &str,
+    progress: &mut dyn FetchProgress,
+) -> Result<CodecFiles, PullError> {
+    let snap = hub.snapshot(repo, "main")?;
+    let mut g = Gather {
+        hub,
+        progress,
+        sources: Vec::new(),
+        files: Vec::new(),
+    };
+    let decoder = g.take_codec(&snap)?;
+    Ok(CodecFiles::of(&g.files, decoder))
 }
 
 #[derive(Debug, Clone)]
@@ -286,8 +324,7 @@ impl Gather<'_> {
         for f in snap.files.clone() {
             // Git's own bookkeeping is not part of the model, and the package's records are
             // ours to write.
-            if f.path == ".gitattributes" || f.path == MANIFEST || f.path == super::build::MANIFEST
-            {
+            if f.path == ".gitattributes" || f.path == MANIFEST || f.path == super::install::BUILT {
                 continue;
             }
             let to = f.path.clone();
@@ -298,7 +335,7 @@ impl Gather<'_> {
 
     /// The codec decoder into `codec/`: `model.onnx` (or the repository's only `*.onnx`) and
     /// the external-data files beside it, under their own names (the graph refers to them so).
-    fn take_codec(&mut self, snap: &Snapshot) -> Result<Option<String>, PullError> {
+    fn take_codec(&mut self, snap: &Snapshot) -> Result<String, PullError> {
         let onnx: Vec<&RepoFile> = snap
             .files
             .iter()
@@ -328,7 +365,7 @@ impl Gather<'_> {
             let to = format!("codec/{}", f.path);
             self.take(snap, &f, to)?;
         }
-        Ok((decoder.path != "model.onnx").then_some(decoder.path))
+        Ok(decoder.path)
     }
 }
 
@@ -348,13 +385,14 @@ pub fn pull(
         sources: Vec::new(),
         files: Vec::new(),
     };
+    // The codec decoder's file name, when the package takes the codec repository's.
     let mut codec_json = None;
     match kind {
         Kind::OnnxPackage => {
             g.take_all(&snap)?;
             if snap.file("codec/model.onnx").is_none() {
                 let codec = hub.snapshot(&opts.codec_repo, "main")?;
-                codec_json = g.take_codec(&codec)?;
+                codec_json = Some(g.take_codec(&codec)?);
             }
         }
         Kind::GgufPackage => {
@@ -411,12 +449,12 @@ pub fn pull(
                 false,
             )?;
             let codec = hub.snapshot(&opts.codec_repo, "main")?;
-            codec_json = g.take_codec(&codec)?;
+            codec_json = Some(g.take_codec(&codec)?);
         }
         Kind::Checkpoint => {
             g.take_all(&snap)?;
             let codec = hub.snapshot(&opts.codec_repo, "main")?;
-            g.take_codec(&codec)?;
+            codec_json = Some(g.take_codec(&codec)?);
         }
         Kind::Files => g.take_all(&snap)?,
     }
@@ -425,14 +463,7 @@ pub fn pull(
     let outcome = match kind {
         Kind::Checkpoint => Outcome::Checkpoint {
             snapshot,
-            codec: files
-                .iter()
-                .find(|(_, m)| m.to.starts_with("codec/"))
-                .and_then(|(f, _)| f.path.parent().map(Path::to_path_buf))
-                .ok_or_else(|| PullError::MissingFile {
-                    repo: opts.codec_repo.clone(),
-                    what: "decoder ONNX".into(),
-                })?,
+            codec: CodecFiles::of(&files, codec_json.clone().unwrap_or_default()),
         },
         Kind::Files => Outcome::Files { snapshot },
         Kind::OnnxPackage | Kind::GgufPackage => {
@@ -489,15 +520,13 @@ fn place(
     if read_manifest(dir).as_ref() == Some(manifest) && same_files(dir, manifest) {
         return Ok((ModelPackage::load(dir, None)?.summary(), Placed::UpToDate));
     }
-    if !replaceable(dir, force) {
-        return Err(PullError::Occupied(dir.to_path_buf()));
-    }
-    let work = work_dir(dir, "pull").map_err(io(dir))?;
+    check_replaceable(dir, force)?;
+    let work = work_dir(dir, "pull")?;
     let result = build_dir(&work, files, manifest, codec_json).and_then(|()| {
         let summary = ModelPackage::load(&work, None)?
             .summary()
             .replace(&work.display().to_string(), &dir.display().to_string());
-        let placed = install(&work, dir).map_err(io(dir))?;
+        let placed = install(&work, dir)?;
         Ok((summary, placed))
     });
     let _ = std::fs::remove_dir_all(&work);
@@ -517,7 +546,7 @@ fn build_dir(
         }
         crate::paths::link_or_copy(&got.path, &to).map_err(io(&to))?;
     }
-    if let Some(decoder) = codec_json {
+    if let Some(decoder) = codec_json.filter(|d| *d != "model.onnx") {
         let json = serde_json::json!({ "sample_rate": super::CODEC_SAMPLE_RATE, "hop_length": super::CODEC_HOP, "decoder": decoder });
         let path = tmp.join("codec/codec.json");
         let _ = std::fs::remove_file(&path);

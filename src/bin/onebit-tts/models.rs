@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Subcommand;
 use indicatif::ProgressBar;
 
-use onebit_tts::package::build::{self, BuildOptions, Precision};
+use onebit_tts::package::build::{self, BuildOptions, CodecSource, Precision};
 use onebit_tts::package::hub::{FetchProgress, Hub, HubConfig};
 use onebit_tts::package::pull::{self, Outcome, Placed, PullOptions, Target};
 use onebit_tts::package::{ModelPackage, optimize};
@@ -189,28 +189,30 @@ fn build_cmd(a: BuildArgs, quiet: bool) -> Result<()> {
         codec_repo,
         mut opts,
     } = a;
-    // What the hub gives (a pulled checkpoint, the codec), fetched as `models pull` does.
-    let fetch = |name: &str| -> Result<pull::PullReport> {
-        let hub = Hub::new(HubConfig::from_env())?;
-        let mut bars = Bars { quiet, bar: None };
-        let opts = PullOptions {
-            codec_repo: codec_repo.clone(),
-            ..PullOptions::default()
-        };
-        let report = pull::pull(&hub, &Target::parse(name)?, &opts, &mut bars)?;
-        bars.done();
-        Ok(report)
-    };
     let given = PathBuf::from(&src);
-    let (checkpoint, name, pulled_codec) = if given.is_dir() {
-        let name = given
+    let name = if given.is_dir() {
+        given
             .canonicalize()?
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        (given, name, None)
+            .unwrap_or_else(|| "model".into())
     } else {
-        let report = fetch(&src)?;
+        Target::parse(&src)?.name
+    };
+    let dir = out.unwrap_or_else(|| PathBuf::from("models").join(&name));
+    // Refused before gigabytes are fetched.
+    build::precheck(&dir, &opts)?;
+    let mut bars = Bars { quiet, bar: None };
+    let hub = || -> Result<Hub> { Ok(Hub::new(HubConfig::from_env())?) };
+    let (checkpoint, pulled_codec) = if given.is_dir() {
+        (given, None)
+    } else {
+        let pull_opts = PullOptions {
+            codec_repo: codec_repo.clone(),
+            ..PullOptions::default()
+        };
+        let report = pull::pull(&hub()?, &Target::parse(&src)?, &pull_opts, &mut bars)?;
+        bars.done();
         let Outcome::Checkpoint { snapshot, codec } = report.outcome else {
             anyhow::bail!(
                 "{} is not a checkpoint (config.json and safetensors weights)",
@@ -223,17 +225,17 @@ fn build_cmd(a: BuildArgs, quiet: bool) -> Result<()> {
             .map(|s| s.commit.as_str())
             .unwrap_or("");
         opts.source = Some(format!("{}@{commit}", report.target.repo));
-        (snapshot, report.target.name, Some(codec))
+        (snapshot, Some(codec))
     };
     opts.codec = match (codec, pulled_codec) {
-        (Some(dir), _) => resolve_dir(&dir),
-        (None, Some(dir)) => dir,
-        (None, None) => match fetch(&codec_repo)?.outcome {
-            Outcome::Files { snapshot } => snapshot,
-            _ => anyhow::bail!("{codec_repo} does not hold a codec decoder"),
-        },
+        (Some(dir), _) => CodecSource::Package(resolve_dir(&dir)),
+        (None, Some(files)) => CodecSource::Pulled(files),
+        (None, None) => {
+            let files = pull::pull_codec(&hub()?, &codec_repo, &mut bars)?;
+            bars.done();
+            CodecSource::Pulled(files)
+        }
     };
-    let dir = out.unwrap_or_else(|| PathBuf::from("models").join(&name));
     if !quiet {
         eprintln!(
             "building {} ({}) with onnxruntime-genai's model builder",
@@ -275,7 +277,8 @@ pub fn run(cmd: ModelsCmd, quiet: bool) -> Result<()> {
                 opts: BuildOptions {
                     precision,
                     target: execution,
-                    codec: PathBuf::new(),
+                    // Set by build_cmd once the source is known.
+                    codec: CodecSource::Package(PathBuf::new()),
                     optimize: !no_optimize,
                     force,
                     show_builder: !quiet,
