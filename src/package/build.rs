@@ -208,8 +208,7 @@ pub fn build(
     let (python, version) = builder_python()?;
     let work = install::work_dir(dir, "build")?;
     let result = build_in(checkpoint, &work, &python, &version, opts);
-    let outcome = result.and_then(|(ready, not_optimized)| {
-        let summary = ModelPackage::load(&ready, None)?.summary();
+    let outcome = result.and_then(|(ready, not_optimized, summary)| {
         let placed = install::install(&ready, dir)?;
         Ok(BuildReport {
             dir: dir.to_path_buf(),
@@ -223,14 +222,15 @@ pub fn build(
 }
 
 /// Runs the builder into `work/raw`, completes the package there and optimizes it into
-/// `work/opt`; returns the directory that is the finished package.
+/// `work/opt`; returns the directory that is the finished package, why it was not optimized
+/// (if it was not) and its checked summary.
 fn build_in(
     checkpoint: &Path,
     work: &Path,
     python: &Path,
     version: &str,
     opts: &BuildOptions,
-) -> Result<(PathBuf, Option<String>), BuildError> {
+) -> Result<(PathBuf, Option<String>, String), BuildError> {
     let raw = work.join("raw");
     let mut cmd = Command::new(python);
     cmd.args(["-m", "onnxruntime_genai.models.builder", "-i"])
@@ -269,12 +269,15 @@ fn build_in(
         }
     }
     copy_codec(&opts.codec, &raw.join("codec"))?;
-    ModelPackage::load(&raw, None)?;
     let (ready, not_optimized) = match (opts.optimize, opts.precision) {
         (false, _) => (raw.clone(), Some("--no-optimize".to_owned())),
         (true, Precision::Int4) => {
             let opt = work.join("opt");
-            optimize::optimize(&raw, &opt, Levers::default())?;
+            // The optimizer loads and checks the export first, as `models check` does.
+            optimize::optimize(&raw, &opt, Levers::default()).map_err(|e| match e {
+                OptimizeError::Package(e) => BuildError::Check(e),
+                e => BuildError::Optimize(e),
+            })?;
             (opt, None)
         }
         // The optimizer cuts the int4 export's MatMulNBits head (docs/models.md).
@@ -294,9 +297,11 @@ fn build_in(
         builder: format!("onnxruntime-genai {version}"),
         optimized: not_optimized.is_none(),
     };
+    // The one check of the package as it will be installed.
+    let summary = ModelPackage::load(&ready, None)?.summary();
     let path = ready.join(MANIFEST);
     install::write_json(&path, &manifest).map_err(io(&path))?;
-    Ok((ready, not_optimized))
+    Ok((ready, not_optimized, summary))
 }
 
 /// The codec's files into `to`: a package's decoder (with its external data), encoder and
@@ -338,12 +343,9 @@ fn copy_codec(from: &CodecSource, to: &Path) -> Result<(), BuildError> {
                 .flatten()
             {
                 let name = e.file_name().to_string_lossy().into_owned();
-                // A graph's external data is named after it (model.onnx.data, model.onnx_data).
-                let wanted = keep.iter().any(|k| {
-                    name == *k
-                        || name.starts_with(&format!("{k}."))
-                        || name.starts_with(&format!("{k}_data"))
-                });
+                let wanted = keep
+                    .iter()
+                    .any(|k| name == *k || super::is_external_data_of(k, &name));
                 if wanted && e.path().is_file() {
                     link(&e.path(), &name)?;
                 }

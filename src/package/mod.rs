@@ -25,6 +25,13 @@ pub use genai::GenaiConfig;
 pub use logits::{LOGITS_MANIFEST, LogitsManifest, SpeechHead};
 pub use vocab::{SPEECH_CODES, SpeechVocab, VocabError};
 
+/// Whether `name` is external data of the ONNX graph file `graph`: the exporters name it after
+/// the graph (`model.onnx.data`, `model.onnx_data`), and it must travel with it.
+pub(crate) fn is_external_data_of(graph: &str, name: &str) -> bool {
+    name.strip_prefix(graph)
+        .is_some_and(|rest| rest.starts_with('.') || rest.starts_with("_data"))
+}
+
 /// NeuCodec's fixed rates: 24 kHz audio, 480 samples per code (50 codes per second).
 pub const CODEC_SAMPLE_RATE: u32 = 24_000;
 pub const CODEC_HOP: usize = 480;
@@ -496,5 +503,27 @@ impl ModelPackage {
             self.codec.sample_rate,
             self.codec.hop_length,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn external_data_is_named_after_its_graph() {
+        for data in [
+            "model.onnx.data",
+            "model.onnx_data",
+            "model.onnx.onebit.data",
+        ] {
+            assert!(super::is_external_data_of("model.onnx", data), "{data}");
+        }
+        for other in [
+            "model.onnx",
+            "encoder.onnx",
+            "model.onnxdata",
+            "a/model.onnx.data",
+        ] {
+            assert!(!super::is_external_data_of("model.onnx", other), "{other}");
+        }
     }
 }

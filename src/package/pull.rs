@@ -354,10 +354,7 @@ impl Gather<'_> {
         let data: Vec<RepoFile> = snap
             .files
             .iter()
-            .filter(|f| {
-                f.path.starts_with(&format!("{}.", decoder.path))
-                    || f.path.starts_with(&format!("{}_data", decoder.path))
-            })
+            .filter(|f| super::is_external_data_of(&decoder.path, &f.path))
             .cloned()
             .collect();
         self.take(snap, &decoder, format!("codec/{}", decoder.path))?;
