@@ -28,7 +28,8 @@ mkdir -p "$root/.onebit/llama/src"
 home="$(cd "$root/.onebit/llama" && pwd -P)"
 py="${PYTHON:-python3}"
 
-LLAMA_CPP_PYTHON_VERSION=0.3.36
+# The version scripts/setup.sh unpacks llama.cpp's converter from: one llama.cpp for both.
+LLAMA_CPP_PYTHON_VERSION="$(sed -n 's/^LLAMA_CPP_PYTHON_VERSION=//p' "$root/scripts/setup.sh")"
 CMAKE_ARGS_PEER="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
 -DGGML_RPC=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF"

@@ -14,8 +14,10 @@
 # Idempotent: a second run only checks.
 #   --prereqs-only            check (and install) the system packages, then stop
 #   --build-tools             also install what `models build` runs onnxruntime-genai's model
-#                             builder with (torch, transformers, onnx-ir: ~5 GB in the venv);
-#                             scripts/test.sh asks for them (tests/pull.rs builds real packages)
+#                             builder with (torch, transformers, onnx-ir: ~5 GB in the venv),
+#                             and llama.cpp's checkpoint converter into .onebit/llama-convert
+#                             (sentencepiece in the venv); scripts/test.sh asks for them
+#                             (tests/pull.rs builds and converts real packages)
 #   ONEBIT_SETUP_INSTALL=0    never install system packages, even as root: report and stop
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -112,7 +114,9 @@ fi
 TORCH_VERSION=2.15.0
 TRANSFORMERS_VERSION=5.23.0
 ONNX_IR_VERSION=1.1.0
-build_reqs="torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION onnx-ir==$ONNX_IR_VERSION"
+# Imported by llama.cpp's converter before it looks for a tokenizer.model.
+SENTENCEPIECE_VERSION=0.2.1
+build_reqs="torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION onnx-ir==$ONNX_IR_VERSION sentencepiece==$SENTENCEPIECE_VERSION"
 if [ "$build_tools" = 1 ] && [ "$(cat "$home/venv/.onebit-build-reqs" 2>/dev/null)" != "$build_reqs" ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $build_reqs
   echo "$build_reqs" > "$home/venv/.onebit-build-reqs"
@@ -151,6 +155,35 @@ with zipfile.ZipFile(whl) as z:
 PY
   rm -rf "$home/neutts" "$tmp"
   mv "$home/neutts.partial" "$home/neutts"
+fi
+# llama.cpp's convert_hf_to_gguf.py with its `conversion` package and gguf-py (released together),
+# from the llama.cpp that the llama-cpp-python source package vendors: tools/hf_to_gguf.py runs it.
+# scripts/setup-llama-peer.sh builds the bench's peer from the same source package and version.
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+convert="$home/llama-convert"
+if [ "$build_tools" = 1 ] && [ "$(cat "$convert/.version" 2>/dev/null)" != "$LLAMA_CPP_PYTHON_VERSION" ]; then
+  sdist="$home/llama/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+  if [ ! -f "$sdist" ]; then
+    "$home/venv/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary :all: \
+      -d "$home/llama/src" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+  fi
+  rm -rf "$convert.partial"
+  "$home/venv/bin/python" - "$sdist" "$convert.partial" <<'PY'
+import os, sys, tarfile
+sdist, out = sys.argv[1], sys.argv[2]
+keep = ("convert_hf_to_gguf.py", "LICENSE", "conversion/", "gguf-py/gguf/")
+with tarfile.open(sdist) as tar:
+    for m in tar.getmembers():
+        parts = m.name.split("/", 3)  # llama_cpp_python-V/vendor/llama.cpp/REST
+        if len(parts) < 4 or parts[1:3] != ["vendor", "llama.cpp"] or not m.isfile():
+            continue
+        if parts[3] in keep or parts[3].startswith(keep[2:]):
+            m.name = parts[3]
+            tar.extract(m, out, filter="data")
+PY
+  echo "$LLAMA_CPP_PYTHON_VERSION" > "$convert.partial/.version"
+  rm -rf "$convert"
+  mv "$convert.partial" "$convert"
 fi
 if [ "$(cat "$home/node/.onebit-reqs" 2>/dev/null)" != "openai@$OPENAI_NODE_VERSION" ]; then
   mkdir -p "$home/node"

@@ -1080,7 +1080,7 @@ fn build(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
 
 #[test]
 fn a_float32_build_by_the_real_builder_gives_transformers_logits() {
-    use onebit_tts::engine::{Backbone, Candidates, GenerationParams, KvMode, SamplingParams};
+    use onebit_tts::engine::KvMode;
     let test = "a_float32_build_by_the_real_builder_gives_transformers_logits";
     let Some(py) = build_python(test) else {
         return;
@@ -1114,18 +1114,33 @@ fn a_float32_build_by_the_real_builder_gives_transformers_logits() {
     );
 
     let (pkg, mut ort) = common::load_ort(&out, KvMode::Shared);
+    follows_transformers(&py, &ckpt, &work, &pkg, &mut ort, 1e-4);
+}
+
+/// The backbone's logits on the checkpoint's package = transformers' on the checkpoint within
+/// `tolerance` (prefill, then 24 teacher-forced steps along our own greedy path, two prompts),
+/// and transformers' speech-constrained argmax is the code we generated at every step.
+fn follows_transformers(
+    py: &Path,
+    ckpt: &Path,
+    work: &Path,
+    pkg: &onebit_tts::package::ModelPackage,
+    backbone: &mut dyn onebit_tts::engine::Backbone,
+    tolerance: f32,
+) {
+    use onebit_tts::engine::{Candidates, GenerationParams, SamplingParams};
     assert_eq!((pkg.vocab.end, pkg.vocab.code_to_id(0)), (151_670, 151_671));
-    let c = Candidates::of(&pkg);
+    let c = Candidates::of(pkg);
     let greedy = GenerationParams {
         sampling: SamplingParams::greedy(),
         min_new_tokens: 0,
         max_new_tokens: Some(24),
     };
-    for (k, prompt) in common::speech_prompts(&pkg, &[(5, 1000), (60, 40_000)])
+    for (k, prompt) in common::speech_prompts(pkg, &[(5, 1000), (60, 40_000)])
         .into_iter()
         .enumerate()
     {
-        let run = common::generate_all(&mut ort, &c, &prompt, &greedy);
+        let run = common::generate_all(backbone, &c, &prompt, &greedy);
         let next: Vec<u32> = run
             .codes
             .iter()
@@ -1133,10 +1148,10 @@ fn a_float32_build_by_the_real_builder_gives_transformers_logits() {
             .collect();
         assert_eq!(next.len(), 24, "{next:?}");
         // Ours, teacher-forced along our own greedy path: the prefill, then one id at a time.
-        ort.reset();
-        let mut ours = vec![ort.append(&prompt).unwrap().to_vec()];
+        backbone.reset();
+        let mut ours = vec![backbone.append(&prompt).unwrap().to_vec()];
         for &t in &next {
-            ours.push(ort.append(&[t]).unwrap().to_vec());
+            ours.push(backbone.append(&[t]).unwrap().to_vec());
         }
         let ids = work.join(format!("ids{k}.json"));
         std::fs::write(
@@ -1145,9 +1160,11 @@ fn a_float32_build_by_the_real_builder_gives_transformers_logits() {
         )
         .unwrap();
         let theirs_path = work.join(format!("logits{k}.f32"));
-        let o = std::process::Command::new(&py)
+        let o = std::process::Command::new(py)
             .arg(common::repo().join("tools/hf_checkpoint.py"))
-            .args(["--logits", ckpt.to_str().unwrap(), "--ids"])
+            .arg("--logits")
+            .arg(ckpt)
+            .arg("--ids")
             .arg(&ids)
             .arg("--out")
             .arg(&theirs_path)
@@ -1171,7 +1188,7 @@ fn a_float32_build_by_the_real_builder_gives_transformers_logits() {
         }
         println!("prompt {k}: logits within {diff} of transformers' (scale {scale})");
         assert!(
-            diff <= 1e-4,
+            diff <= tolerance,
             "prompt {k} ({} tokens): logits differ from transformers' by {diff} (scale {scale})",
             prompt.len()
         );
@@ -1184,6 +1201,96 @@ fn a_float32_build_by_the_real_builder_gives_transformers_logits() {
             assert_eq!(best, next[i], "prompt {k}, step {i}");
         }
     }
+}
+
+/// llama.cpp's own convert_hf_to_gguf.py (scripts/setup.sh --build-tools unpacks it) on the same
+/// checkpoint: the GGUF it writes, with the checkpoint's tokenizer and a codec beside it, passes
+/// `models check`, follows transformers through the llama engine, and speaks from the CLI.
+#[cfg(feature = "llama")]
+#[test]
+fn llama_cpps_converter_makes_a_gguf_that_follows_transformers() {
+    use onebit_tts::engine::{Device, LlamaAttention, LlamaBackbone, LlamaOptions};
+    use onebit_tts::package::{BackboneFormat, ModelPackage};
+    let test = "llama_cpps_converter_makes_a_gguf_that_follows_transformers";
+    let Some(py) = build_python(test) else {
+        return;
+    };
+    let converter = common::repo().join(".onebit/llama-convert");
+    if !converter.join("convert_hf_to_gguf.py").exists() {
+        common::skip(
+            test,
+            "run scripts/setup.sh --build-tools (llama.cpp's converter)",
+        );
+        return;
+    }
+    let ckpt = checkpoint(&py);
+    let work = common::tempdir("convert-gguf");
+    let pkg_dir = work.join("neutts-gguf");
+    std::fs::create_dir_all(&pkg_dir).unwrap();
+    let gguf = pkg_dir.join("model-f32.gguf");
+    let o = std::process::Command::new(&py)
+        .arg(common::repo().join("tools/hf_to_gguf.py"))
+        .arg("--llama-cpp")
+        .arg(&converter)
+        .args(["--pre", "qwen2", "--"])
+        .arg(&ckpt)
+        .args(["--outtype", "f32", "--outfile"])
+        .arg(&gguf)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    // The converter's own record of what it made of the checkpoint.
+    let log = common::stderr(&o);
+    for want in [
+        "gguf: context length = 4096",
+        "gguf: embedding length = 64",
+        "gguf: head count = 4",
+        "gguf: key-value head count = 2",
+    ] {
+        assert!(log.contains(want), "{want:?} not in:\n{log}");
+    }
+    for f in ["tokenizer.json", "tokenizer_config.json", "config.json"] {
+        std::fs::copy(ckpt.join(f), pkg_dir.join(f)).unwrap();
+    }
+    common::copy_dir(&common::model("tiny").join("codec"), &pkg_dir.join("codec"));
+
+    let o = common::cli(&["models", "check", pkg_dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let pkg = ModelPackage::load(&pkg_dir, None).unwrap();
+    assert_eq!(pkg.format, BackboneFormat::Gguf);
+    let mut ll = LlamaBackbone::load(
+        &pkg,
+        &LlamaOptions {
+            threads: 2,
+            device: Device::Cpu,
+            max_batch: 1,
+            attention: LlamaAttention::Exact,
+        },
+    )
+    .unwrap_or_else(|e| panic!("llama engine: {e}"));
+    follows_transformers(&py, &ckpt, &work, &pkg, &mut ll, 1e-4);
+
+    let wav = work.join("out.wav");
+    let o = common::cli(&[
+        "say",
+        "-q",
+        "--model",
+        pkg_dir.to_str().unwrap(),
+        "--engine",
+        "llama",
+        "--voice",
+        "test",
+        "--seed",
+        "7",
+        "-o",
+        wav.to_str().unwrap(),
+        "Hello there.",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let (rate, channels, samples, _) =
+        common::symphonia_decode(&std::fs::read(&wav).unwrap(), "wav");
+    assert_eq!((rate, channels), (24_000, 1));
+    assert!(samples.len() >= 30 * 480, "{} samples", samples.len());
 }
 
 /// `models build neutts-air` as a user runs it: the checkpoint and the codec pulled from the hub,
