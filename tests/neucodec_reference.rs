@@ -1,0 +1,169 @@
+//! Our codec on the real NeuCodec decoder architecture: tests/data/neucodec-decoder holds the
+//! `neucodec` package's decoder classes with random weights exported to ONNX (the I/O of
+//! `neuphonic/neucodec-onnx-decoder`), torch's own decode of it, and the vendor's streaming decode
+//! (`NeuTTS._infer_stream_ggml` of neutts 1.4.1, verbatim) of it, all written by
+//! tools/neucodec_reference.py (scripts/neucodec-reference.sh regenerates and compares).
+
+mod common;
+
+use std::path::PathBuf;
+
+use onebit_tts::codec::CodecDecoder;
+use onebit_tts::codec::stream::{SAMPLES_PER_CODE, StreamDecoder, TailMode, decode_whole};
+use onebit_tts::package::CodecPackage;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn dir() -> PathBuf {
+    common::repo().join("tests/data/neucodec-decoder")
+}
+
+fn manifest() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir().join("reference.json")).unwrap()).unwrap()
+}
+
+fn samples(file: &Value) -> Vec<f32> {
+    std::fs::read(dir().join(file.as_str().unwrap()))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn ids(v: &Value) -> Vec<i32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_i64().unwrap() as i32)
+        .collect()
+}
+
+/// The decoder as the product loads a codec directory that holds only the vendor's `model.onnx`.
+fn decoder() -> CodecDecoder {
+    let pkg = CodecPackage::load(&dir()).unwrap();
+    assert_eq!((pkg.sample_rate, pkg.hop_length), (24_000, 480));
+    let env = onebit_tts::runtime::environment(None).unwrap();
+    CodecDecoder::load(env, &pkg, &Default::default()).unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn scale(a: &[f32]) -> f32 {
+    a.iter().map(|x| x.abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn the_committed_reference_is_what_its_manifest_says() {
+    let m = manifest();
+    let listed = m["sha256"].as_object().unwrap();
+    let mut present: Vec<String> = std::fs::read_dir(dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "reference.json")
+        .collect();
+    present.sort();
+    let mut names: Vec<&String> = listed.keys().collect();
+    names.sort();
+    assert_eq!(names, present.iter().collect::<Vec<_>>());
+    for (name, want) in listed {
+        let got = hex(&Sha256::digest(std::fs::read(dir().join(name)).unwrap()));
+        assert_eq!(&got, want.as_str().unwrap(), "{name}");
+    }
+    // The real decoder's settings, not a stand-in's.
+    assert_eq!(m["decoder"]["n_fft"], 1920);
+    assert_eq!(m["decoder"]["hop"], 480);
+    assert_eq!(
+        m["decoder"]["fsq_levels"],
+        serde_json::json!([4, 4, 4, 4, 4, 4, 4, 4])
+    );
+    assert_eq!(m["versions"]["neutts"], "1.4.1");
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn whole_decode_matches_torchs_decode_of_the_real_architecture() {
+    let mut codec = decoder();
+    for case in manifest()["cases"].as_array().unwrap() {
+        let generated = ids(&case["generated"]);
+        let want = samples(&case["torch_whole"]);
+        let got = decode_whole(|c: &[i32]| codec.decode(&as_codes(c)), &generated).unwrap();
+        assert_eq!(got.len(), generated.len() * SAMPLES_PER_CODE);
+        let (diff, s) = (max_diff(&got, &want), scale(&want));
+        println!("{}: within {diff} of torch (scale {s})", case["name"]);
+        // torch's FFT and matmul sum in other orders than ONNX Runtime's: 1.3e-4 of the scale
+        // measured. A wrong window, hop, padding or code lookup moves samples by the whole scale.
+        assert!(
+            diff <= 1e-3 * s,
+            "{}: {diff} on a scale of {s}",
+            case["name"]
+        );
+    }
+}
+
+fn as_codes(c: &[i32]) -> Vec<u32> {
+    c.iter().map(|&x| x as u32).collect()
+}
+
+/// Our streaming decoder over the case: the chunks pushed while codes arrive, and the tail.
+fn stream(codec: &mut CodecDecoder, case: &Value, mode: TailMode) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let reference = ids(&case["reference"]);
+    let mut dec =
+        StreamDecoder::with_tail_mode(|c: &[i32]| codec.decode(&as_codes(c)), &reference, mode);
+    let mut chunks = Vec::new();
+    for code in ids(&case["generated"]) {
+        if let Some(chunk) = dec.push(code).unwrap() {
+            chunks.push(chunk);
+        }
+    }
+    let tail = dec.finish().unwrap();
+    (chunks, tail)
+}
+
+#[test]
+fn streaming_matches_the_vendors_stream_on_the_real_architecture() {
+    let mut codec = decoder();
+    for case in manifest()["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let n_gen = case["generated"].as_array().unwrap().len();
+        let vendor = samples(&case["vendor_stream"]);
+        let vendor_chunks: Vec<usize> = case["vendor_chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!(vendor.len(), vendor_chunks.iter().sum::<usize>());
+        let s = scale(&vendor);
+        for mode in [TailMode::Vendor, TailMode::Aligned] {
+            let (chunks, tail) = stream(&mut codec, case, mode);
+            // Every chunk emitted while codes arrive is the vendor's, at the same point.
+            let streamed: Vec<usize> = chunks.iter().map(Vec::len).collect();
+            assert_eq!(
+                streamed,
+                vendor_chunks[..vendor_chunks.len() - 1],
+                "{name} {mode:?}"
+            );
+            let ours: Vec<f32> = chunks.concat();
+            let diff = max_diff(&ours, &vendor[..ours.len()]);
+            // The same graph on the same ONNX Runtime version as the vendor's decoder class.
+            assert!(diff <= 1e-6 * s.max(1.0), "{name} {mode:?}: {diff}");
+            assert_eq!(ours.len() + tail.len(), n_gen * SAMPLES_PER_CODE);
+            if mode == TailMode::Vendor {
+                // The vendor's final piece, cut to one frame per code (it emits one frame more).
+                let all = [ours, tail].concat();
+                let diff = max_diff(&all, &vendor[..all.len()]);
+                println!("{name}: vendor stream within {diff} (scale {s})");
+                assert!(diff <= 1e-6 * s.max(1.0), "{name} tail: {diff}");
+            }
+        }
+    }
+}
