@@ -964,6 +964,126 @@ fn a_checkpoint_and_a_plain_repository_land_in_the_cache() {
     );
 }
 
+/// A GGUF repository with several builds: refused without `--file` (naming them) before any
+/// GGUF is downloaded; `--file` takes the one named and nothing else of them.
+#[test]
+fn a_repository_with_several_ggufs_needs_file_and_fetches_only_that_one() {
+    let mut repos = vendor_repos();
+    let second = common::repo().join("models/tiny-random-gguf/model-f32.gguf");
+    repos[0]
+        .1
+        .files
+        .push(("neutts-air-Q8_0.gguf".into(), file(&second, true)));
+    let hub = FakeHub::start(repos);
+    let run = Run::new("pull-several", &hub);
+    let dir = run.dir_arg("neutts-air-q4");
+
+    let err = common::error_line(&run.pull(&["neutts-air-q4", "--dir", &dir], &[]));
+    assert!(
+        err.contains(
+            "neuphonic/neutts-air-q4-gguf holds several GGUF files (neutts-air-Q4_0.gguf, \
+             neutts-air-Q8_0.gguf): choose one with --file"
+        ),
+        "{err}"
+    );
+    assert!(!run.dir("neutts-air-q4").exists());
+    let fetched = downloads(&hub.log_since(0));
+    assert!(!fetched.iter().any(|f| f.contains(".gguf ")), "{fetched:?}");
+
+    let err = common::error_line(&run.pull(
+        &[
+            "neutts-air-q4",
+            "--dir",
+            &dir,
+            "--file",
+            "neutts-air-Q5.gguf",
+        ],
+        &[],
+    ));
+    assert!(err.contains("neutts-air-Q5.gguf"), "{err}");
+
+    let from = hub.log_len();
+    let o = run.pull(
+        &[
+            "neutts-air-q4",
+            "--dir",
+            &dir,
+            "--file",
+            "neutts-air-Q8_0.gguf",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let pkg = run.dir("neutts-air-q4");
+    assert_eq!(
+        std::fs::read(pkg.join("neutts-air-Q8_0.gguf")).unwrap(),
+        std::fs::read(&second).unwrap()
+    );
+    assert!(!pkg.join("neutts-air-Q4_0.gguf").exists());
+    let fetched = downloads(&hub.log_since(from));
+    assert!(!fetched.iter().any(|f| f.contains("Q4_0")), "{fetched:?}");
+    assert!(
+        fetched.iter().any(|f| f.contains("/neutts-air-Q8_0.gguf ")),
+        "{fetched:?}"
+    );
+}
+
+/// `models setup`, the quickstart's step: with no real package and no hub it names what it could
+/// not reach and the commands that finish the job; with the hub it pulls the vendor's Q4 build
+/// into models/neutts-air-q4 (relative to where it runs, as `say`'s default model looks); a real
+/// package already there is kept without asking the hub.
+#[test]
+fn models_setup_pulls_the_q4_build_once_and_says_what_it_could_not_reach() {
+    let hub = FakeHub::start(vendor_repos());
+    let run = Run::new("setup", &hub);
+    std::fs::create_dir_all(&run.work).unwrap();
+    let setup = |endpoint: &str| {
+        let mut cmd = common::clean_command(&common::bin(), &run.work);
+        cmd.args(["models", "setup", "-q"])
+            .env("HF_ENDPOINT", endpoint)
+            .env("HF_HOME", &run.hf_home);
+        clear_hub_env(&mut cmd);
+        cmd.output().expect("run onebit-tts")
+    };
+    let pkg = run.work.join("models/neutts-air-q4");
+
+    let err = common::error_line(&setup(CLOSED));
+    for want in [
+        "no real model in models/neutts-air, models/neutts-air-q4, models/neutts-air-q8",
+        "run `onebit-tts models pull neutts-air-q4`",
+        "`say` uses the generated test package models/tiny",
+        "could not reach http://127.0.0.1:1",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+    assert!(!pkg.exists());
+
+    let o = setup(&hub.url);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let out = common::stdout(&o);
+    assert!(
+        out.contains("package models/neutts-air-q4: in place"),
+        "{out}"
+    );
+    assert!(
+        out.lines().last() == Some("real model: models/neutts-air-q4"),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read(pkg.join("neutts-air-Q4_0.gguf")).unwrap(),
+        std::fs::read(gguf_package().join("model-f32.gguf")).unwrap()
+    );
+
+    let asked = hub.log_len();
+    let o = setup(&hub.url);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert_eq!(
+        common::stdout(&o).trim(),
+        "real model: models/neutts-air-q4 (kept; `onebit-tts models pull neutts-air-q4` updates a pulled one)"
+    );
+    assert_eq!(hub.log_len(), asked, "a kept package does not ask the hub");
+}
+
 /// The cache is the one the Python tools use: what `huggingface_hub` (Hugging Face's Python client,
 /// in .onebit/venv) fetched is not fetched again, and what we fetched it finds offline.
 #[test]

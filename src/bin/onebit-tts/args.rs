@@ -165,19 +165,27 @@ pub struct GenArgs {
     pub input_format: Option<String>,
 }
 
+/// Where the real NeuTTS-air packages go (`models build`, `models pull`), in the order the
+/// default model takes them.
+pub const REAL_MODEL_DIRS: [&str; 3] = [
+    "models/neutts-air",
+    "models/neutts-air-q4",
+    "models/neutts-air-q8",
+];
+
+/// The first of [`REAL_MODEL_DIRS`] that holds a package's backbone.
+pub fn real_model() -> Option<PathBuf> {
+    REAL_MODEL_DIRS
+        .iter()
+        .map(|p| resolve_dir(Path::new(p)))
+        .find(|dir| {
+            dir.join("genai_config.json").exists()
+                || onebit_tts::package::gguf::find_in(dir).is_ok_and(|g| g.is_some())
+        })
+}
+
 pub fn default_model() -> PathBuf {
-    [
-        "models/neutts-air",
-        "models/neutts-air-q4",
-        "models/neutts-air-q8",
-    ]
-    .iter()
-    .map(|p| resolve_dir(Path::new(p)))
-    .find(|dir| {
-        dir.join("genai_config.json").exists()
-            || onebit_tts::package::gguf::find_in(dir).is_ok_and(|g| g.is_some())
-    })
-    .unwrap_or_else(|| resolve_dir(Path::new("models/tiny")))
+    real_model().unwrap_or_else(|| resolve_dir(Path::new("models/tiny")))
 }
 
 pub fn progress_bar(quiet: bool, len: u64, template: &str) -> ProgressBar {

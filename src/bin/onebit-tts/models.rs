@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Subcommand;
 use indicatif::ProgressBar;
 
@@ -40,6 +40,15 @@ pub enum ModelsCmd {
         /// The codec decoder's repository (e.g. the vendor's int8 variant).
         #[arg(long, default_value = pull::CODEC_REPO)]
         codec_repo: String,
+    },
+    /// Get the real model for the main job: a NeuTTS-air package already in models/
+    /// (neutts-air, neutts-air-q4, neutts-air-q8) is kept; otherwise NAME is pulled (the
+    /// vendor's Q4 GGUF build). When neither works it says what it could not reach and the
+    /// commands that finish the job, and exits non-zero (`say` then uses the test package).
+    Setup {
+        /// What to pull when no real package is there.
+        #[arg(long, default_value = "neutts-air-q4")]
+        name: String,
     },
     /// Build an ONNX package from a checkpoint with onnxruntime-genai's model builder (needs
     /// `scripts/setup.sh --build-tools`): the checkpoint's tokenizer and config and the NeuCodec
@@ -173,6 +182,34 @@ fn pull_cmd(target: &str, opts: PullOptions, quiet: bool) -> Result<()> {
     Ok(())
 }
 
+fn setup_cmd(name: &str, quiet: bool) -> Result<()> {
+    if let Some(dir) = crate::args::real_model() {
+        println!(
+            "real model: {} (kept; `onebit-tts models pull {name}` updates a pulled one)",
+            dir.display()
+        );
+        return Ok(());
+    }
+    pull_cmd(name, PullOptions::default(), quiet).with_context(|| {
+        format!(
+            "no real model in {} and `onebit-tts models pull {name}` did not finish; where the \
+             Hugging Face Hub is reachable (or HF_ENDPOINT names a mirror) run `onebit-tts models \
+             pull {name}`, or put a package in models/neutts-air (docs/models.md); until then \
+             `say` uses the generated test package models/tiny, which speaks no words",
+            crate::args::REAL_MODEL_DIRS.join(", ")
+        )
+    })?;
+    match crate::args::real_model() {
+        Some(dir) => println!("real model: {}", dir.display()),
+        // A name whose package lands elsewhere (neutts-air-npu) or is no package (a checkpoint).
+        None => println!(
+            "{name} is not one of {}: `say --model DIR` runs it",
+            crate::args::REAL_MODEL_DIRS.join(", ")
+        ),
+    }
+    Ok(())
+}
+
 struct BuildArgs {
     src: String,
     out: Option<PathBuf>,
@@ -287,6 +324,7 @@ pub fn run(cmd: ModelsCmd, quiet: bool) -> Result<()> {
             },
             quiet,
         ),
+        ModelsCmd::Setup { name } => setup_cmd(&name, quiet),
         ModelsCmd::Pull {
             name,
             revision,
