@@ -31,6 +31,10 @@ if [ "$(cat "$venv/.onebit-reqs" 2>/dev/null)" != "$reqs $nodeps" ]; then
   echo "$reqs $nodeps" > "$venv/.onebit-reqs"
 fi
 
+case "${1:-}" in
+  ""|--write) ;;
+  *) echo "usage: scripts/neucodec-reference.sh [--write]" >&2; exit 2 ;;
+esac
 if [ "${1:-}" = --write ]; then
   exec "$venv/bin/python" "$root/tools/neucodec_reference.py" --out "$root/tests/data/neucodec-decoder"
 fi

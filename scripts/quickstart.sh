@@ -13,26 +13,23 @@ cd "$root"
 bash scripts/setup.sh
 cargo build --release --locked
 bin=target/release/onebit-tts
-if [ "${ONEBIT_PULL:-1}" != 0 ]; then
-  echo "== the real model: $bin models setup"
-  "$bin" models setup || echo "== using the test package instead (the error above says why)" >&2
-fi
-model=""
-for m in models/neutts-air models/neutts-air-q4 models/neutts-air-q8; do
-  if [ -f "$m/genai_config.json" ] || compgen -G "$m/*.gguf" >/dev/null; then
-    model="$m"
-    note="real NeuTTS-air package"
-    break
-  fi
-done
-if [ -z "$model" ]; then
+# The model: the real one `models setup` keeps or pulls (`say`'s default model finds it), else
+# the generated test package.
+setup_args=()
+[ "${ONEBIT_PULL:-1}" = 0 ] && setup_args=(--no-pull)
+echo "== the real model: $bin models setup ${setup_args[*]}"
+if "$bin" models setup "${setup_args[@]}"; then
+  model_args=()
+  note="the real NeuTTS-air package above"
+else
+  echo "== using the test package instead (the error above says why)" >&2
   [ -f models/tiny/genai_config.json ] || bash scripts/gen-test-models.sh
-  model=models/tiny
-  note="generated TEST package: random weights, it speaks no words"
+  model_args=(--model models/tiny)
+  note="generated TEST package models/tiny: random weights, it speaks no words"
 fi
 voice="${VOICE:-dave}"
 out="${OUT:-$root/out.wav}"
-echo "== say on $model ($note)"
-"$bin" say --model "$model" --voice "$voice" -o "$out" \
+echo "== say on $note"
+"$bin" say "${model_args[@]}" --voice "$voice" -o "$out" \
   "${TEXT:-Hello from onebit-tts. This sentence runs through the whole pipeline.}"
 echo "== audio written to $out"

@@ -159,13 +159,22 @@ fi
 # llama.cpp's convert_hf_to_gguf.py with its `conversion` package and gguf-py (released together),
 # from the llama.cpp that the llama-cpp-python source package vendors: tools/hf_to_gguf.py runs it.
 # scripts/setup-llama-peer.sh builds the bench's peer from the same source package and version.
+# The sha256 pins the code that runs: a cut or changed download is fetched again, then refused.
 LLAMA_CPP_PYTHON_VERSION=0.3.36
+LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 convert="$home/llama-convert"
 if [ "$build_tools" = 1 ] && [ "$(cat "$convert/.version" 2>/dev/null)" != "$LLAMA_CPP_PYTHON_VERSION" ]; then
   sdist="$home/llama/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
-  if [ ! -f "$sdist" ]; then
-    "$home/venv/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary :all: \
-      -d "$home/llama/src" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+  for attempt in 1 2; do
+    if ! echo "$LLAMA_CPP_PYTHON_SHA256  $sdist" | sha256sum -c --status 2>/dev/null; then
+      rm -f "$sdist"
+      "$home/venv/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary :all: \
+        -d "$home/llama/src" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+    fi
+  done
+  if ! echo "$LLAMA_CPP_PYTHON_SHA256  $sdist" | sha256sum -c --status; then
+    echo "setup: $sdist does not have the sha256 this script pins ($LLAMA_CPP_PYTHON_SHA256)" >&2
+    exit 1
   fi
   rm -rf "$convert.partial"
   "$home/venv/bin/python" - "$sdist" "$convert.partial" <<'PY'
@@ -180,6 +189,9 @@ with tarfile.open(sdist) as tar:
         if parts[3] in keep or parts[3].startswith(keep[2:]):
             m.name = parts[3]
             tar.extract(m, out, filter="data")
+for need in ("convert_hf_to_gguf.py", "conversion/__init__.py", "gguf-py/gguf/__init__.py"):
+    if not os.path.isfile(os.path.join(out, need)):
+        sys.exit(f"setup: {sdist} has no vendor/llama.cpp/{need}: its layout changed")
 PY
   echo "$LLAMA_CPP_PYTHON_VERSION" > "$convert.partial/.version"
   rm -rf "$convert"

@@ -964,6 +964,70 @@ fn a_checkpoint_and_a_plain_repository_land_in_the_cache() {
     );
 }
 
+/// Large package files are hard links to the cache's blobs (a pulled GGUF takes its space once);
+/// with the cache on another file system (tmpfs here) the link fails and the file is copied.
+#[test]
+fn large_files_link_to_the_cache_and_are_copied_across_file_systems() {
+    use std::os::unix::fs::MetadataExt;
+    let test = "large_files_link_to_the_cache_and_are_copied_across_file_systems";
+    let hub = FakeHub::start(vendor_repos());
+    let run = Run::new("pull-link", &hub);
+    let gguf = "neutts-air-Q4_0.gguf";
+    let blob_of = |hf_home: &Path| {
+        let blobs = hf_home.join("hub/models--neuphonic--neutts-air-q4-gguf/blobs");
+        let want = std::fs::metadata(gguf_package().join("model-f32.gguf"))
+            .unwrap()
+            .len();
+        std::fs::read_dir(blobs)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| std::fs::metadata(p).unwrap().len() == want)
+            .expect("the GGUF's blob")
+    };
+
+    let dir = run.dir_arg("same-fs");
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let placed = std::fs::metadata(run.dir("same-fs").join(gguf)).unwrap();
+    let blob = std::fs::metadata(blob_of(&run.hf_home)).unwrap();
+    assert_eq!((placed.dev(), placed.ino()), (blob.dev(), blob.ino()));
+    // Small files are copies: editing a package's tokenizer.json must not edit the cache.
+    let tok = std::fs::metadata(run.dir("same-fs").join("tokenizer.json")).unwrap();
+    assert_eq!(tok.nlink(), 1);
+
+    let shm = Path::new("/dev/shm");
+    let work_dev = std::fs::metadata(&run.work).unwrap().dev();
+    if !shm.is_dir() || std::fs::metadata(shm).unwrap().dev() == work_dev {
+        common::skip(
+            test,
+            "no /dev/shm on another file system than the test directory",
+        );
+        return;
+    }
+    /// The cache in RAM goes when the test ends, passed or not.
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let other = Gone(shm.join(format!("onebit-pull-link-{}", std::process::id())));
+    let dir = run.dir_arg("other-fs");
+    let o = run.pull(
+        &["neutts-air-q4", "--dir", &dir],
+        &[("HF_HOME", other.0.to_str().unwrap())],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let blob = blob_of(&other.0);
+    let placed = std::fs::metadata(run.dir("other-fs").join(gguf)).unwrap();
+    assert_ne!(placed.dev(), std::fs::metadata(&blob).unwrap().dev());
+    assert_eq!(placed.nlink(), 1);
+    assert_eq!(
+        std::fs::read(run.dir("other-fs").join(gguf)).unwrap(),
+        std::fs::read(&blob).unwrap()
+    );
+}
+
 /// A GGUF repository with several builds: refused without `--file` (naming them) before any
 /// GGUF is downloaded; `--file` takes the one named and nothing else of them.
 #[test]
@@ -1000,7 +1064,16 @@ fn a_repository_with_several_ggufs_needs_file_and_fetches_only_that_one() {
         ],
         &[],
     ));
-    assert!(err.contains("neutts-air-Q5.gguf"), "{err}");
+    assert!(
+        err.contains(
+            "neuphonic/neutts-air-q4-gguf has no neutts-air-Q5.gguf (its GGUF files: \
+             neutts-air-Q4_0.gguf, neutts-air-Q8_0.gguf)"
+        ),
+        "{err}"
+    );
+    assert!(!run.dir("neutts-air-q4").exists());
+    let fetched = downloads(&hub.log_since(0));
+    assert!(!fetched.iter().any(|f| f.contains(".gguf ")), "{fetched:?}");
 
     let from = hub.log_len();
     let o = run.pull(
@@ -1034,31 +1107,53 @@ fn a_repository_with_several_ggufs_needs_file_and_fetches_only_that_one() {
 /// package already there is kept without asking the hub.
 #[test]
 fn models_setup_pulls_the_q4_build_once_and_says_what_it_could_not_reach() {
+    let test = "models_setup_pulls_the_q4_build_once_and_says_what_it_could_not_reach";
     let hub = FakeHub::start(vendor_repos());
     let run = Run::new("setup", &hub);
     std::fs::create_dir_all(&run.work).unwrap();
-    let setup = |endpoint: &str| {
+    let setup = |endpoint: &str, args: &[&str]| {
         let mut cmd = common::clean_command(&common::bin(), &run.work);
         cmd.args(["models", "setup", "-q"])
+            .args(args)
             .env("HF_ENDPOINT", endpoint)
             .env("HF_HOME", &run.hf_home);
         clear_hub_env(&mut cmd);
         cmd.output().expect("run onebit-tts")
     };
     let pkg = run.work.join("models/neutts-air-q4");
+    // The CLI also looks in the checkout's models/ (as `say` does): a real package there is kept.
+    if let Some(dir) = ["neutts-air", "neutts-air-q4", "neutts-air-q8"]
+        .iter()
+        .map(|d| common::repo().join("models").join(d))
+        .find(|d| d.exists())
+    {
+        common::skip(
+            test,
+            &format!("{} holds a real model: setup would keep it", dir.display()),
+        );
+        return;
+    }
 
-    let err = common::error_line(&setup(CLOSED));
+    let err = common::error_line(&setup(CLOSED, &[]));
     for want in [
         "no real model in models/neutts-air, models/neutts-air-q4, models/neutts-air-q8",
-        "run `onebit-tts models pull neutts-air-q4`",
+        "`onebit-tts models pull neutts-air-q4` did not finish",
         "`say` uses the generated test package models/tiny",
         "could not reach http://127.0.0.1:1",
     ] {
         assert!(err.contains(want), "{want:?} not in {err}");
     }
     assert!(!pkg.exists());
+    let err = common::error_line(&setup(&hub.url, &["--no-pull"]));
+    assert!(
+        err.contains(
+            "(--no-pull: the hub was not asked); `onebit-tts models pull neutts-air-q4` gets one"
+        ),
+        "{err}"
+    );
+    assert_eq!(hub.log_len(), 0);
 
-    let o = setup(&hub.url);
+    let o = setup(&hub.url, &[]);
     assert!(o.status.success(), "{}", common::stderr(&o));
     let out = common::stdout(&o);
     assert!(
@@ -1075,11 +1170,11 @@ fn models_setup_pulls_the_q4_build_once_and_says_what_it_could_not_reach() {
     );
 
     let asked = hub.log_len();
-    let o = setup(&hub.url);
+    let o = setup(&hub.url, &[]);
     assert!(o.status.success(), "{}", common::stderr(&o));
     assert_eq!(
         common::stdout(&o).trim(),
-        "real model: models/neutts-air-q4 (kept; `onebit-tts models pull neutts-air-q4` updates a pulled one)"
+        "real model: models/neutts-air-q4 (kept)"
     );
     assert_eq!(hub.log_len(), asked, "a kept package does not ask the hub");
 }
@@ -1321,6 +1416,59 @@ fn follows_transformers(
             assert_eq!(best, next[i], "prompt {k}, step {i}");
         }
     }
+}
+
+/// The converter recognises the NeuTTS-air tokenizer layout by itself: the workspace's
+/// reconstructed NeuTTS-air tokenizer (../shared/fixtures, Qwen2's vocabulary and the NeuTTS
+/// tokens) converts without `--pre`, and the GGUF names the qwen2 pre-tokenizer.
+#[cfg(feature = "llama")]
+#[test]
+fn llama_cpps_converter_knows_the_neutts_tokenizer_as_qwen2() {
+    let test = "llama_cpps_converter_knows_the_neutts_tokenizer_as_qwen2";
+    let Some(shared) = common::shared() else {
+        common::skip(test, "../shared absent");
+        return;
+    };
+    let Some(py) = build_python(test) else {
+        return;
+    };
+    let converter = common::repo().join(".onebit/llama-convert");
+    let ckpt = checkpoint(&py);
+    let work = common::tempdir("convert-vocab");
+    let src = work.join("checkpoint");
+    std::fs::create_dir_all(&src).unwrap();
+    for f in ["config.json", "tokenizer_config.json"] {
+        std::fs::copy(ckpt.join(f), src.join(f)).unwrap();
+    }
+    std::fs::copy(
+        shared.join("fixtures/neutts-tokenizer/tokenizer.json"),
+        src.join("tokenizer.json"),
+    )
+    .unwrap();
+    let out = work.join("vocab.gguf");
+    let o = std::process::Command::new(&py)
+        .arg(common::repo().join("tools/hf_to_gguf.py"))
+        .arg("--llama-cpp")
+        .arg(&converter)
+        .arg("--")
+        .arg(&src)
+        .args(["--vocab-only", "--outfile"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    // GGUF strings are a u64 length and the bytes: the key, its type (8: string), the value.
+    let bytes = std::fs::read(&out).unwrap();
+    let key = b"tokenizer.ggml.pre";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("tokenizer.ggml.pre in the GGUF")
+        + key.len();
+    let value = &bytes[at + 4 + 8..at + 4 + 8 + 5];
+    assert_eq!(&bytes[at..at + 4], &8u32.to_le_bytes());
+    assert_eq!(&bytes[at + 4..at + 12], &5u64.to_le_bytes());
+    assert_eq!(value, b"qwen2");
 }
 
 /// llama.cpp's own convert_hf_to_gguf.py (scripts/setup.sh --build-tools unpacks it) on the same

@@ -8,8 +8,9 @@ DIR is a llama.cpp source tree holding convert_hf_to_gguf.py, its `conversion` p
 into .onebit/llama-convert). Everything after `--` goes to the converter unchanged.
 
 --pre NAME: the converter names a BPE tokenizer's pre-tokenizer by the sha256 of the ids it gives
-for a fixed text and refuses ids it has not seen. The real NeuTTS-air tokenizer is Qwen2's and is
-recognised as "qwen2"; tools/hf_checkpoint.py's checkpoint has the same pre-tokenizer (Qwen2's
+for a fixed text and refuses ids it has not seen. The NeuTTS-air tokenizer is Qwen2's plus the
+NeuTTS tokens, which the converter knows as "qwen2" (checked on the workspace's reconstruction of
+it; the real file cannot be fetched here); tools/hf_checkpoint.py's checkpoint has the same pre-tokenizer (Qwen2's
 split regex, byte level) over a small synthetic vocabulary, so its ids, and hash, are its own.
 With --pre the name is used when, and only when, the converter does not recognise the hash;
 every tensor, hyperparameter and vocabulary entry is still written by the converter's code.

@@ -132,7 +132,7 @@ def write(out):
     )
     del q.get_output_from_indices
     # The exporter records each node's Python stack, file paths of this machine's venv included;
-    # without them the file is the same wherever the script runs.
+    # without them the file does not depend on where the venv is.
     graph = onnx.load(onnx_path)
     for node in graph.graph.node:
         keep = [p for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
@@ -175,7 +175,7 @@ def write(out):
         onnx_whole = session.run(None, {"codes": np.array(gen, dtype=np.int32)[None, None, :]})[0][0, 0]
         diff = float(np.abs(onnx_whole - torch_whole[name]).max())
         scale = float(np.abs(torch_whole[name]).max())
-        # FFT and matmul summation orders differ (torch vs ONNX Runtime): 1.2e-4 of the scale seen.
+        # FFT and matmul summation orders differ (torch vs ONNX Runtime): 1.4e-4 of the scale seen.
         assert diff <= 1e-3 * scale, f"{name}: ONNX decode differs from torch by {diff} (scale {scale})"
         files = {"torch_whole": f"{name}-torch-whole.f32", "vendor_stream": f"{name}-vendor-stream.f32"}
         torch_whole[name].astype("<f4").tofile(os.path.join(out, files["torch_whole"]))
@@ -215,6 +215,8 @@ def write(out):
 
 
 def check(committed):
+    import numpy as np
+
     tmp = tempfile.mkdtemp(prefix="neucodec-reference-")
     try:
         write(tmp)
@@ -225,6 +227,12 @@ def check(committed):
             if not (os.path.exists(a) and os.path.exists(b)) or open(a, "rb").read() != open(b, "rb").read():
                 bad.append(n)
         for n in bad:
+            a, b = os.path.join(tmp, n), os.path.join(committed, n)
+            if n.endswith(".f32") and os.path.exists(a) and os.path.exists(b):
+                x, y = np.fromfile(a, "<f4"), np.fromfile(b, "<f4")
+                if x.shape == y.shape:
+                    print(f"differs: {n} (largest sample difference {np.abs(x - y).max():.3g})")
+                    continue
             print(f"differs: {n}")
         print("same" if not bad else f"{len(bad)} file(s) differ (regenerated in {tmp})")
         if not bad:

@@ -406,7 +406,14 @@ pub fn pull(
                         .copied()
                         .ok_or_else(|| PullError::MissingFile {
                             repo: snap.repo.clone(),
-                            what: want.clone(),
+                            what: format!(
+                                "{want} (its GGUF files: {})",
+                                ggufs
+                                    .iter()
+                                    .map(|f| f.path.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
                         })?
                 }
                 (None, [one]) => *one,

@@ -42,13 +42,16 @@ pub enum ModelsCmd {
         codec_repo: String,
     },
     /// Get the real model for the main job: a NeuTTS-air package already in models/
-    /// (neutts-air, neutts-air-q4, neutts-air-q8) is kept; otherwise NAME is pulled (the
-    /// vendor's Q4 GGUF build). When neither works it says what it could not reach and the
-    /// commands that finish the job, and exits non-zero (`say` then uses the test package).
+    /// (neutts-air, neutts-air-q4, neutts-air-q8) is kept; otherwise the vendor's GGUF build is
+    /// pulled. When neither works it says why and the commands that finish the job, and exits
+    /// non-zero (`say` then uses the test package).
     Setup {
-        /// What to pull when no real package is there.
-        #[arg(long, default_value = "neutts-air-q4")]
+        /// The GGUF build to pull when no real package is there.
+        #[arg(long, default_value = "neutts-air-q4", value_parser = ["neutts-air-q4", "neutts-air-q8"])]
         name: String,
+        /// Only look: never ask the hub.
+        #[arg(long)]
+        no_pull: bool,
     },
     /// Build an ONNX package from a checkpoint with onnxruntime-genai's model builder (needs
     /// `scripts/setup.sh --build-tools`): the checkpoint's tokenizer and config and the NeuCodec
@@ -182,31 +185,31 @@ fn pull_cmd(target: &str, opts: PullOptions, quiet: bool) -> Result<()> {
     Ok(())
 }
 
-fn setup_cmd(name: &str, quiet: bool) -> Result<()> {
+fn setup_cmd(name: &str, no_pull: bool, quiet: bool) -> Result<()> {
+    let dirs = crate::args::REAL_MODEL_DIRS.join(", ");
     if let Some(dir) = crate::args::real_model() {
-        println!(
-            "real model: {} (kept; `onebit-tts models pull {name}` updates a pulled one)",
-            dir.display()
-        );
+        println!("real model: {} (kept)", dir.display());
         return Ok(());
+    }
+    if no_pull {
+        anyhow::bail!(
+            "no real model in {dirs} (--no-pull: the hub was not asked); `onebit-tts models \
+             pull {name}` gets one, and until then `say` uses the generated test package \
+             models/tiny, which speaks no words"
+        );
     }
     pull_cmd(name, PullOptions::default(), quiet).with_context(|| {
         format!(
-            "no real model in {} and `onebit-tts models pull {name}` did not finish; where the \
-             Hugging Face Hub is reachable (or HF_ENDPOINT names a mirror) run `onebit-tts models \
-             pull {name}`, or put a package in models/neutts-air (docs/models.md); until then \
-             `say` uses the generated test package models/tiny, which speaks no words",
-            crate::args::REAL_MODEL_DIRS.join(", ")
+            "no real model in {dirs} and `onebit-tts models pull {name}` did not finish (why \
+             follows); once that is fixed, or where the Hugging Face Hub is reachable (or \
+             HF_ENDPOINT names a mirror), run it again, or put a package in models/neutts-air \
+             (docs/models.md); until then `say` uses the generated test package models/tiny, \
+             which speaks no words"
         )
     })?;
-    match crate::args::real_model() {
-        Some(dir) => println!("real model: {}", dir.display()),
-        // A name whose package lands elsewhere (neutts-air-npu) or is no package (a checkpoint).
-        None => println!(
-            "{name} is not one of {}: `say --model DIR` runs it",
-            crate::args::REAL_MODEL_DIRS.join(", ")
-        ),
-    }
+    let dir = crate::args::real_model()
+        .context("the pulled package is not where the default model looks (a bug)")?;
+    println!("real model: {}", dir.display());
     Ok(())
 }
 
@@ -324,7 +327,7 @@ pub fn run(cmd: ModelsCmd, quiet: bool) -> Result<()> {
             },
             quiet,
         ),
-        ModelsCmd::Setup { name } => setup_cmd(&name, quiet),
+        ModelsCmd::Setup { name, no_pull } => setup_cmd(&name, no_pull, quiet),
         ModelsCmd::Pull {
             name,
             revision,
