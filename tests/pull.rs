@@ -1332,9 +1332,87 @@ fn a_float32_build_by_the_real_builder_gives_transformers_logits() {
     follows_transformers(&py, &ckpt, &work, &pkg, &mut ort, 1e-4);
 }
 
+/// `--execution cuda` exports, checked where this machine can run them: ONNX Runtime's CPU
+/// provider runs the float16 GroupQueryAttention graph the builder makes for CUDA. The fp16 build
+/// follows transformers' float32 logits within float16's rounding; the int4 one gets the
+/// speech-only head and speaks. No GPU has run either (none here).
+#[test]
+fn cuda_builds_by_the_real_builder_follow_transformers_on_the_cpu_provider() {
+    use onebit_tts::engine::KvMode;
+    let test = "cuda_builds_by_the_real_builder_follow_transformers_on_the_cpu_provider";
+    let Some(py) = build_python(test) else {
+        return;
+    };
+    let ckpt = checkpoint(&py);
+    let work = common::tempdir("build-cuda");
+    let built = |precision: &str| {
+        let out = work.join(precision);
+        let o = build(
+            &[
+                ckpt.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--precision",
+                precision,
+                "--execution",
+                "cuda",
+                "--codec",
+                "models/tiny/codec",
+            ],
+            &[],
+        );
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("build.json")).unwrap())
+                .unwrap();
+        assert_eq!(
+            (&manifest["precision"], &manifest["target"]),
+            (&precision.into(), &"cuda".into())
+        );
+        (out, common::stdout(&o))
+    };
+
+    let (fp16, stdout) = built("fp16");
+    assert!(
+        stdout.contains("not optimized: models optimize takes int4 exports, not fp16"),
+        "{stdout}"
+    );
+    let (pkg, mut ort) = common::load_ort(&fp16, KvMode::Shared);
+    assert_eq!(
+        pkg.genai.model.decoder.session_options.providers(),
+        ["cuda"]
+    );
+    // float16 activations and KV: 0.045 of a logit scale of 13 measured (prefill and 24 steps,
+    // two prompts); the bound is about twice that.
+    follows_transformers(&py, &ckpt, &work, &pkg, &mut ort, 0.1);
+
+    let (int4, stdout) = built("int4");
+    assert!(stdout.contains("speech-only head"), "{stdout}");
+    let wav = work.join("int4.wav");
+    let o = common::cli(&[
+        "say",
+        "-q",
+        "--model",
+        int4.to_str().unwrap(),
+        "--voice",
+        "test",
+        "--seed",
+        "3",
+        "-o",
+        wav.to_str().unwrap(),
+        "Hello there.",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let (rate, channels, samples, _) =
+        common::symphonia_decode(&std::fs::read(&wav).unwrap(), "wav");
+    assert_eq!((rate, channels), (24_000, 1));
+    assert!(samples.len() >= 30 * 480, "{} samples", samples.len());
+}
+
 /// The backbone's logits on the checkpoint's package = transformers' on the checkpoint within
 /// `tolerance` (prefill, then 24 teacher-forced steps along our own greedy path, two prompts),
-/// and transformers' speech-constrained argmax is the code we generated at every step.
+/// and transformers' speech-constrained argmax is the code we generated at every step the bound
+/// decides (at least half of them).
 fn follows_transformers(
     py: &Path,
     ckpt: &Path,
@@ -1407,14 +1485,29 @@ fn follows_transformers(
             "prompt {k} ({} tokens): logits differ from transformers' by {diff} (scale {scale})",
             prompt.len()
         );
-        // transformers' own speech-constrained greedy choice is the code we generated.
+        // transformers' own speech-constrained greedy choice is the code we generated wherever
+        // the bound decides it: a lead of more than twice the bound cannot flip.
+        let mut decided = 0;
         for (i, want) in theirs.chunks_exact(width).take(next.len()).enumerate() {
-            let best = (c.speech_first..c.speech_first + c.speech_count)
+            let mut ranked: Vec<u32> = (c.speech_first..c.speech_first + c.speech_count)
                 .chain(c.stop_ids.iter().copied())
-                .max_by(|&a, &b| want[a as usize].total_cmp(&want[b as usize]))
-                .unwrap();
-            assert_eq!(best, next[i], "prompt {k}, step {i}");
+                .collect();
+            ranked.sort_by(|&a, &b| want[b as usize].total_cmp(&want[a as usize]));
+            let lead = want[ranked[0] as usize] - want[ranked[1] as usize];
+            if lead > 2.0 * tolerance {
+                assert_eq!(ranked[0], next[i], "prompt {k}, step {i}");
+                decided += 1;
+            }
         }
+        println!(
+            "prompt {k}: {decided} of {} greedy choices decided by the bound",
+            next.len()
+        );
+        assert!(
+            decided * 2 >= next.len(),
+            "prompt {k}: only {decided} of {} steps lead by more than twice the bound",
+            next.len()
+        );
     }
 }
 
@@ -1745,7 +1838,7 @@ fn models_build_explains_what_it_cannot_build() {
         "{e}"
     );
     assert!(!work.join("out").exists());
-    // fp16 is a CUDA export: refused before anything runs.
+    // fp16 for cpu fails in ONNX Runtime at the first decode step: refused before anything runs.
     let e = common::error_line(&build(
         &[
             work.to_str().unwrap(),
@@ -1756,5 +1849,5 @@ fn models_build_explains_what_it_cannot_build() {
         ],
         &[],
     ));
-    assert!(e.contains("does not make fp16 for cpu"), "{e}");
+    assert!(e.contains("fp16 for cpu is refused"), "{e}");
 }

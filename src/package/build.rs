@@ -58,8 +58,9 @@ impl Target {
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error(
-        "onnxruntime-genai's builder does not make {precision} for {target}: on cpu use int4, \
-         int8 or fp32; fp16 is for cuda"
+        "{precision} for {target} is refused: onnxruntime-genai's builder exports it without \
+         GroupQueryAttention, and ONNX Runtime's CPU provider fails that graph at the first \
+         decode step; on cpu use int4, int8 or fp32 (fp16 is for cuda)"
     )]
     Unsupported {
         precision: &'static str,
@@ -184,8 +185,11 @@ fn check_checkpoint(dir: &Path) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// What can be refused before anything is fetched or built: the precision for the target (the
-/// builder's own list of valid pairs) and the package directory.
+/// What can be refused before anything is fetched or built: the precision for the target and
+/// the package directory. fp16 for cpu: the builder (0.18) makes it with MultiHeadAttention
+/// over a repeat_kv subgraph whose output it declares `sequence_length` long where the past is
+/// included; ONNX Runtime 1.31's CPU provider then fails the first decode step ("Shape mismatch
+/// attempting to re-use buffer"). Measured, not assumed: docs/models.md.
 pub fn precheck(dir: &Path, opts: &BuildOptions) -> Result<(), BuildError> {
     if opts.precision == Precision::Fp16 && opts.target == Target::Cpu {
         return Err(BuildError::Unsupported {
