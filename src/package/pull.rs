@@ -41,6 +41,21 @@ pub const KNOWN: &[(&str, &str, &str)] = &[
         "neuphonic/neutts-air",
         "the checkpoint (safetensors) that `models build` turns into an ONNX package",
     ),
+    (
+        "neutts-nano-q4",
+        "neuphonic/neutts-nano-q4-gguf",
+        "NeuTTS-nano, Q4 GGUF build, ready for --engine llama",
+    ),
+    (
+        "neutts-nano-q8",
+        "neuphonic/neutts-nano-q8-gguf",
+        "NeuTTS-nano, Q8 GGUF build, ready for --engine llama",
+    ),
+    (
+        "neutts-nano",
+        "neuphonic/neutts-nano",
+        "NeuTTS-nano's checkpoint, for `models build`",
+    ),
 ];
 
 /// The file that records what a pulled package was made from.
@@ -585,6 +600,16 @@ mod tests {
         assert_eq!(
             (t.name.as_str(), t.repo.as_str()),
             ("neutts-air-q4", "neuphonic/neutts-air-q4-gguf")
+        );
+        let t = Target::parse("neutts-nano-q8").unwrap();
+        assert_eq!(
+            (t.name.as_str(), t.repo.as_str()),
+            ("neutts-nano-q8", "neuphonic/neutts-nano-q8-gguf")
+        );
+        // The GGUF build's tokenizer comes from the checkpoint the short names also reach.
+        assert_eq!(
+            checkpoint_of(&t.repo),
+            Some(Target::parse("neutts-nano").unwrap().repo)
         );
         let t = Target::parse("neuphonic/neutts-nano-q8-gguf").unwrap();
         assert_eq!(

@@ -19,11 +19,12 @@ pub enum ModelsCmd {
     /// Fetch a model from the Hugging Face Hub into its cache (~/.cache/huggingface/hub, or
     /// $HF_HOME/hub) and put a ready package in models/NAME when the files make one: neutts-air-q4
     /// and -q8 (GGUF, --engine llama), neutts-air-npu (AMD's package, --device npu), neutts-air
-    /// (the checkpoint, for building), or any owner/name id. HF_ENDPOINT and HF_TOKEN are
+    /// (the checkpoint, for building), the same for neutts-nano(-q4, -q8), or any owner/name
+    /// id. HF_ENDPOINT and HF_TOKEN are
     /// honoured; an interrupted download resumes on the next run.
     Pull {
-        /// A short name (neutts-air-q4, neutts-air-q8, neutts-air-npu, neutts-air) or a
-        /// repository id owner/name.
+        /// A short name (neutts-air-q4, neutts-air-q8, neutts-air-npu, neutts-air,
+        /// neutts-nano-q4, neutts-nano-q8, neutts-nano) or a repository id owner/name.
         name: String,
         /// Branch, tag or commit.
         #[arg(long, default_value = "main")]
