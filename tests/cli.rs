@@ -40,6 +40,31 @@ fn say_writes_a_wav_of_480_samples_per_code() {
     );
 }
 
+/// On a terminal `say` draws its progress (codes so far, rate against the 50/s line) on stderr;
+/// `-q` draws nothing, and the audio is the same.
+#[test]
+fn say_on_a_terminal_shows_progress_and_quiet_hides_it() {
+    let dir = common::tempdir("say-tty");
+    let mut wavs = Vec::new();
+    for quiet in [false, true] {
+        let out = dir.join(format!("{quiet}.wav"));
+        let mut cmd = common::clean_command(&common::bin(), &common::repo());
+        cmd.args(["say", "--voice", "test", "--seed", "5", "-o"])
+            .arg(&out)
+            .arg("Hello there.");
+        if quiet {
+            cmd.arg("-q");
+        }
+        let o = common::on_terminal(&cmd);
+        let text = common::stdout(&o);
+        assert!(o.status.success(), "{text}");
+        let bars = ["\x1b[2K", "the 50/s line"].map(|s| text.contains(s));
+        assert_eq!(bars, [!quiet; 2], "quiet {quiet}: {text:?}");
+        wavs.push(std::fs::read(&out).unwrap());
+    }
+    assert_eq!(wavs[0], wavs[1]);
+}
+
 #[test]
 fn sampled_say_length_matches_its_reported_codes() {
     let out = common::tempdir("say-sampled").join("out.wav");

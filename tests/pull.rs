@@ -453,15 +453,21 @@ impl Run {
     }
 
     fn pull(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+        self.command(&[&["-q"], args].concat(), env)
+            .output()
+            .expect("run onebit-tts")
+    }
+
+    fn command(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Command {
         let mut cmd = common::clean_command(&common::bin(), &common::repo());
-        cmd.args(["models", "pull", "-q"]).args(args);
+        cmd.args(["models", "pull"]).args(args);
         cmd.env("HF_ENDPOINT", &self.hub_url)
             .env("HF_HOME", &self.hf_home);
         clear_hub_env(&mut cmd);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.output().expect("run onebit-tts")
+        cmd
     }
 
     fn dir(&self, name: &str) -> PathBuf {
@@ -673,6 +679,32 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
         std::fs::read(pkg.join("neutts-air-Q4_0.gguf")).unwrap(),
         std::fs::read(g.join("model-f32.gguf")).unwrap()
     );
+}
+
+/// On a terminal every download shows a bar (file, bytes, rate, ETA) on stderr; `-q` shows none.
+#[test]
+fn a_pull_on_a_terminal_shows_its_downloads_and_quiet_hides_them() {
+    let hub = FakeHub::start(vendor_repos());
+    let run = Run::new("pull-tty", &hub);
+    for quiet in [false, true] {
+        let dir = run.dir_arg(if quiet { "quiet" } else { "shown" });
+        let mut args = vec!["neutts-air-q4", "--dir", &dir];
+        if quiet {
+            args.push("-q");
+        }
+        // A fresh cache each time, so both runs download.
+        let home = run.work.join(format!("hf-{quiet}"));
+        let o = common::on_terminal(&run.command(&args, &[("HF_HOME", home.to_str().unwrap())]));
+        let text = common::stdout(&o);
+        assert!(o.status.success(), "{text}");
+        assert!(text.contains(&format!("package {dir}: in place")), "{text}");
+        // indicatif's redraws (clear line, the bar with its byte rate) are there or not at all.
+        let bars = ["\x1b[2K", "B/s"].map(|s| text.contains(s));
+        assert_eq!(bars, [!quiet; 2], "quiet {quiet}: {text:?}");
+        if !quiet {
+            assert!(text.contains("tokenizer.json"), "{text:?}");
+        }
+    }
 }
 
 #[test]

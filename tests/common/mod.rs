@@ -430,6 +430,31 @@ pub fn cli(args: &[&str]) -> std::process::Output {
     cli_with::<&str>(args, &[])
 }
 
+/// Runs `cmd` on a terminal (util-linux `script` gives it a pseudo-terminal), as from a user's
+/// shell: everything it wrote there, progress bars and all, comes back as stdout.
+pub fn on_terminal(cmd: &std::process::Command) -> std::process::Output {
+    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_string_lossy().replace('\'', r"'\''"));
+    let line: Vec<String> = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(quote)
+        .collect();
+    let mut t = std::process::Command::new("script");
+    t.args(["-q", "-e", "-c"])
+        .arg(format!("exec {}", line.join(" ")))
+        .arg("/dev/null")
+        .stdin(std::process::Stdio::null());
+    if let Some(dir) = cmd.get_current_dir() {
+        t.current_dir(dir);
+    }
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => t.env(k, v),
+            None => t.env_remove(k),
+        };
+    }
+    t.output().expect("run script (util-linux)")
+}
+
 pub fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
