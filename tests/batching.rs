@@ -465,3 +465,67 @@ fn a_sequence_sees_the_same_logits_whatever_runs_beside_it() {
     );
     eprintln!("alone vs batched: largest logit difference {rounding} (scale {scale})");
 }
+
+/// A cancelled prompt stops inside ONNX Runtime's run (the token's hook sets the run options'
+/// terminate flag; a token that fired before the run sets it at once, so the run ends at its
+/// first node) and loses only its own sequence: alone, the backbone then gives a fresh one's
+/// logits; in a batch slot, the sequence beside it steps on with the very logits it gets when
+/// nothing was interrupted.
+#[test]
+fn a_cancelled_prefill_stops_inside_the_run_and_loses_only_its_sequence() {
+    use onebit_tts::engine::{Backbone, BatchBackbone, EngineError};
+    let model = common::model("tiny-random");
+    let (idle, fired) = (CancelToken::new(), CancelToken::new());
+    fired.cancel();
+    for kv in [KvMode::Growing, KvMode::Shared] {
+        let (pkg, mut b) = common::load_ort(&model, kv);
+        let (_, mut fresh) = common::load_ort(&model, kv);
+        for prompt in &prompts(&pkg)[..2] {
+            let err = b.prefill(prompt, &[&idle, &fired]).unwrap_err();
+            assert!(matches!(err, EngineError::Interrupted), "{kv:?}: {err}");
+            b.reset();
+            fresh.reset();
+            assert_eq!(
+                b.prefill(prompt, &[&idle]).unwrap(),
+                fresh.append(prompt).unwrap(),
+                "{kv:?}, prompt of {}",
+                prompt.len()
+            );
+            assert_eq!(b.len(), prompt.len());
+        }
+    }
+    // In a batch: slot 0 runs; slot 1's prompt is cancelled, then opened again and prefilled.
+    let (pkg, mut b) = common::load_ort(&model, KvMode::Shared);
+    let (_, mut reference) = common::load_ort(&model, KvMode::Shared);
+    let p = prompts(&pkg);
+    let (beside, cancelled) = (&p[1], &p[0]);
+    for (bb, interrupt) in [(&mut b, true), (&mut reference, false)] {
+        bb.open(0).unwrap();
+        bb.extend(0, beside, &[]).unwrap();
+        bb.open(1).unwrap();
+        if interrupt {
+            let err = bb.extend(1, cancelled, &[&fired]).unwrap_err();
+            assert!(matches!(err, EngineError::Interrupted), "{err}");
+            bb.open(1).unwrap();
+        }
+    }
+    let code = |t: usize| pkg.vocab.code_to_id((t * 7_919 % 65_536) as u32);
+    for t in 0..4 {
+        assert_eq!(
+            b.step(&[code(t)]).unwrap(),
+            reference.step(&[code(t)]).unwrap(),
+            "slot 0 at step {t}"
+        );
+    }
+    assert_eq!(
+        b.extend(1, cancelled, &[&idle]).unwrap(),
+        reference.extend(1, cancelled, &[&idle]).unwrap()
+    );
+    for t in 4..8 {
+        assert_eq!(
+            b.step(&[code(t), code(t + 1)]).unwrap(),
+            reference.step(&[code(t), code(t + 1)]).unwrap(),
+            "both slots at step {t}"
+        );
+    }
+}

@@ -18,7 +18,8 @@ pub mod worker;
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use device::{Device, DeviceChoice};
@@ -133,19 +134,73 @@ impl From<ort::Error> for EngineError {
     }
 }
 
-/// Stops a generation from another thread within one step.
-#[derive(Debug, Clone, Default)]
-pub struct CancelToken(Arc<AtomicBool>);
+/// Stops a generation from another thread within one step. Loops poll it; a run that cannot
+/// poll (one ONNX Runtime run over a long prompt) registers a hook with [`CancelToken::on_cancel`]
+/// that stops it from the cancelling thread.
+#[derive(Clone, Default)]
+pub struct CancelToken(Arc<CancelState>);
+
+type Hook = Box<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
+struct CancelState {
+    fired: AtomicBool,
+    /// Hooks by id; called under this lock, so once [`OnCancel`] is dropped its hook is not
+    /// running and never runs again (a hook must not touch its own token; firing another is
+    /// fine).
+    hooks: Mutex<Vec<(u64, Hook)>>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for CancelToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("CancelToken")
+            .field(&self.is_cancelled())
+            .finish()
+    }
+}
 
 impl CancelToken {
     pub fn new() -> Self {
         Self::default()
     }
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
+        let hooks = lock(&self.0.hooks);
+        self.0.fired.store(true, Ordering::SeqCst);
+        for (_, hook) in hooks.iter() {
+            hook();
+        }
     }
     pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.fired.load(Ordering::SeqCst)
+    }
+    /// Calls `hook` when the token fires, at once if it already has, until the guard is dropped.
+    pub fn on_cancel(&self, hook: impl Fn() + Send + Sync + 'static) -> OnCancel<'_> {
+        let id = self.0.next.fetch_add(1, Ordering::Relaxed);
+        let mut hooks = lock(&self.0.hooks);
+        if self.0.fired.load(Ordering::SeqCst) {
+            hook();
+        }
+        hooks.push((id, Box::new(hook)));
+        OnCancel { token: self, id }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A hook that panicked leaves the list as it was: still usable.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Keeps a [`CancelToken::on_cancel`] hook registered; dropping it removes the hook.
+#[must_use = "the hook is removed when this is dropped"]
+pub struct OnCancel<'a> {
+    token: &'a CancelToken,
+    id: u64,
+}
+
+impl Drop for OnCancel<'_> {
+    fn drop(&mut self) {
+        lock(&self.token.0.hooks).retain(|(id, _)| *id != self.id);
     }
 }
 
@@ -412,4 +467,46 @@ pub fn generate(
         logits = backbone.append(&[next])?;
     }
     Ok(seq.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CancelToken;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_hook_runs_when_its_token_fires_and_never_after_its_guard_is_gone() {
+        let token = CancelToken::new();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let hook = || {
+            let calls = Arc::clone(&calls);
+            move || {
+                calls.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        let guard = token.on_cancel(hook());
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        // Fired by a clone on another thread, as a server's disconnect does.
+        let other = token.clone();
+        std::thread::spawn(move || other.cancel()).join().unwrap();
+        assert!(token.is_cancelled());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        drop(guard);
+        token.cancel();
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "a dropped guard's hook ran"
+        );
+        // A hook registered after the token fired runs at once.
+        let _late = token.on_cancel(hook());
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // A hook may fire another token (the scheduler links a job's two tokens so).
+        let (a, b) = (CancelToken::new(), CancelToken::new());
+        let to_b = b.clone();
+        let _link = a.on_cancel(move || to_b.cancel());
+        a.cancel();
+        assert!(b.is_cancelled());
+    }
 }

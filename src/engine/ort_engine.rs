@@ -16,17 +16,18 @@
 //! logits row to f32 for the sampler.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use ort::AsPointer as _;
 use ort::memory::Allocator;
-use ort::session::{Session, SessionInputValue};
+use ort::session::{RunOptions, Session, SessionInputValue};
 use ort::value::{
     DynTensor, DynValue, PrimitiveTensorElementType, Tensor, TensorElementType, ValueType,
 };
 
 use super::device::{self, Device};
 use super::ryzenai::ProviderSetup;
-use super::{Backbone, BatchBackbone, EngineError, LogitsLayout};
+use super::{Backbone, BatchBackbone, CancelToken, EngineError, LogitsLayout};
 use crate::npu::residency::Placement;
 use crate::package::genai::layer_name;
 use crate::package::{BackbonePackage, ModelPackage};
@@ -85,6 +86,9 @@ struct Names {
 /// The ONNX Runtime backbone.
 pub struct OrtBackbone {
     session: Session,
+    /// Every run's options: a prompt's run is stopped through their terminate flag when its
+    /// request is cancelled (ONNX Runtime checks it between nodes).
+    run_options: Arc<RunOptions>,
     names: Names,
     /// Integer inputs the graph declares as int32 (otherwise int64).
     ids_i32: bool,
@@ -539,6 +543,7 @@ impl OrtBackbone {
         );
         let mut me = Self {
             session,
+            run_options: Arc::new(RunOptions::new()?),
             names: Names {
                 input_ids: d.inputs.input_ids.clone(),
                 attention_mask: d.inputs.attention_mask.clone(),
@@ -624,7 +629,7 @@ impl OrtBackbone {
                     feed.push((kn.clone(), k.into()));
                     feed.push((vn.clone(), v.into()));
                 }
-                let mut outputs = self.session.run(feed)?;
+                let mut outputs = self.session.run_with_options(feed, &*self.run_options)?;
                 let mut next = Vec::with_capacity(self.names.present.len());
                 for (kn, vn) in &self.names.present {
                     let k = outputs.remove(kn.as_str());
@@ -676,7 +681,9 @@ impl OrtBackbone {
                     self.names.logits.as_str(),
                     &ort::memory::MemoryInfo::default(),
                 )?;
-                let outputs = self.session.run_binding(&binding)?;
+                let outputs = self
+                    .session
+                    .run_binding_with_options(&binding, &self.run_options)?;
                 let logits = outputs
                     .get(self.names.logits.as_str())
                     .ok_or_else(|| EngineError::Graph("run gave no logits".into()))?;
@@ -760,16 +767,50 @@ impl OrtBackbone {
     }
 
     /// Appends `tokens` to the sequence in `slot` alone, chunk by chunk; on failure the cache is
-    /// in an unknown state, so it is dropped and every sequence must start again.
-    fn extend_slot(&mut self, slot: usize, tokens: &[u32]) -> Result<&[f32], EngineError> {
+    /// in an unknown state, so it is dropped and every sequence must start again. When one of
+    /// `cancel` fires, the run in progress stops at its next node and only this slot's sequence
+    /// is lost: the run saw no other slot (see [`OrtBackbone::run`]).
+    fn extend_slot(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        cancel: &[&CancelToken],
+    ) -> Result<&[f32], EngineError> {
         let needed = self.lens[slot] + tokens.len();
         if needed > self.budget {
             return Err(super::too_long(needed, self.budget, self.static_kv));
         }
         let chunk = self.prefill_chunk.unwrap_or(tokens.len()).max(1);
-        let result = self
-            .ensure(self.slots, needed)
-            .and_then(|()| tokens.chunks(chunk).try_for_each(|c| self.run(slot, 1, c)));
+        let fired = || cancel.iter().any(|c| c.is_cancelled());
+        let result = {
+            let stop = Arc::clone(&self.run_options);
+            let _hooks: Vec<_> = cancel
+                .iter()
+                .map(|c| {
+                    let stop = Arc::clone(&stop);
+                    c.on_cancel(move || {
+                        if let Err(e) = stop.terminate() {
+                            tracing::warn!("cannot stop the run in progress: {e}");
+                        }
+                    })
+                })
+                .collect();
+            // A token that fired before this point set the flag as its hook was registered:
+            // the first run stops at its first node, and so would every later chunk's.
+            self.ensure(self.slots, needed)
+                .and_then(|()| tokens.chunks(chunk).try_for_each(|c| self.run(slot, 1, c)))
+            // The hooks are gone here: nothing sets the flag after this point.
+        };
+        if fired() {
+            // Cleared for the next run, which belongs to another request or a later step.
+            self.run_options.unterminate()?;
+            if self.mode == KvMode::Growing {
+                // The run took the past tensors with it.
+                self.past.clear();
+            }
+            self.lens[slot] = 0;
+            return Err(EngineError::Interrupted);
+        }
         self.failed(result)?;
         Ok(&self.logits)
     }
@@ -929,7 +970,16 @@ impl Backbone for OrtBackbone {
                 "the KV cache could not be allocated".into(),
             ));
         }
-        self.extend_slot(0, tokens)
+        self.extend_slot(0, tokens, &[])
+    }
+
+    fn prefill(&mut self, tokens: &[u32], cancel: &[&CancelToken]) -> Result<&[f32], EngineError> {
+        if self.past.len() != self.names.past.len() {
+            return Err(EngineError::Runtime(
+                "the KV cache could not be allocated".into(),
+            ));
+        }
+        self.extend_slot(0, tokens, cancel)
     }
 
     fn logits_layout(&self) -> LogitsLayout {
@@ -973,18 +1023,16 @@ impl BatchBackbone for OrtBackbone {
         Ok(())
     }
 
-    // A run of ONNX Runtime is not stopped from here: the scheduler cuts a prefill beside
-    // running sequences into chunks and checks the token between them.
     fn extend(
         &mut self,
         slot: usize,
         tokens: &[u32],
-        _cancel: &[&super::CancelToken],
+        cancel: &[&CancelToken],
     ) -> Result<&[f32], EngineError> {
         if slot >= self.slots || self.past.len() != self.names.past.len() {
             return Err(EngineError::Runtime(format!("KV slot {slot} is not open")));
         }
-        self.extend_slot(slot, tokens)
+        self.extend_slot(slot, tokens, cancel)
     }
 
     fn step(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {

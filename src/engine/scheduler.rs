@@ -329,12 +329,19 @@ impl Lane {
                 continue;
             };
             self.stats.running.store(1, Ordering::Relaxed);
+            // One token for the engine that fires with either of the job's: a caller that stops
+            // listening ends the prefill too, not only the steps after it.
+            let either = CancelToken::new();
+            let _linked = [&job.cancel, &job.stop].map(|t| {
+                let either = either.clone();
+                t.on_cancel(move || either.cancel())
+            });
             let result = engine
                 .generate(
                     &self.candidates,
                     &job.prompt,
                     &job.params,
-                    &job.cancel,
+                    &either,
                     &mut job.on_code(),
                 )
                 .map_err(|error| JobError {
