@@ -1325,6 +1325,21 @@ fn build(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     cmd.output().expect("run onebit-tts")
 }
 
+/// `models build CKPT --out OUT` with the test codec and `args`; it must succeed.
+fn build_checkpoint(ckpt: &Path, out: &Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec![
+        ckpt.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--codec",
+        "models/tiny/codec",
+    ];
+    all.extend(args);
+    let o = build(&all, &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    o
+}
+
 #[test]
 fn a_float32_build_by_the_real_builder_gives_transformers_logits() {
     use onebit_tts::engine::KvMode;
@@ -1335,19 +1350,7 @@ fn a_float32_build_by_the_real_builder_gives_transformers_logits() {
     let ckpt = checkpoint(&py);
     let work = common::tempdir("build-fp32");
     let out = work.join("fp32");
-    let o = build(
-        &[
-            ckpt.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--precision",
-            "fp32",
-            "--codec",
-            "models/tiny/codec",
-        ],
-        &[],
-    );
-    assert!(o.status.success(), "{}", common::stderr(&o));
+    let o = build_checkpoint(&ckpt, &out, &["--precision", "fp32"]);
     let stdout = common::stdout(&o);
     // Only the int4 export's MatMulNBits head can be cut; the float32 one is kept whole.
     assert!(
@@ -1379,21 +1382,11 @@ fn cuda_builds_by_the_real_builder_follow_transformers_on_the_cpu_provider() {
     let work = common::tempdir("build-cuda");
     let built = |precision: &str| {
         let out = work.join(precision);
-        let o = build(
-            &[
-                ckpt.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--precision",
-                precision,
-                "--execution",
-                "cuda",
-                "--codec",
-                "models/tiny/codec",
-            ],
-            &[],
+        let o = build_checkpoint(
+            &ckpt,
+            &out,
+            &["--precision", precision, "--execution", "cuda"],
         );
-        assert!(o.status.success(), "{}", common::stderr(&o));
         let manifest: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("build.json")).unwrap())
                 .unwrap();
@@ -1420,12 +1413,16 @@ fn cuda_builds_by_the_real_builder_follow_transformers_on_the_cpu_provider() {
 
     let (int4, stdout) = built("int4");
     assert!(stdout.contains("speech-only head"), "{stdout}");
-    let wav = work.join("int4.wav");
+    speaks(&int4, &work.join("int4.wav"));
+}
+
+/// `say` on `model` writes 24 kHz mono audio of at least the first streaming window's codes.
+fn speaks(model: &Path, wav: &Path) {
     let o = common::cli(&[
         "say",
         "-q",
         "--model",
-        int4.to_str().unwrap(),
+        model.to_str().unwrap(),
         "--voice",
         "test",
         "--seed",
@@ -1436,7 +1433,7 @@ fn cuda_builds_by_the_real_builder_follow_transformers_on_the_cpu_provider() {
     ]);
     assert!(o.status.success(), "{}", common::stderr(&o));
     let (rate, channels, samples, _) =
-        common::symphonia_decode(&std::fs::read(&wav).unwrap(), "wav");
+        common::symphonia_decode(&std::fs::read(wav).unwrap(), "wav");
     assert_eq!((rate, channels), (24_000, 1));
     assert!(samples.len() >= 30 * 480, "{} samples", samples.len());
 }
@@ -1775,26 +1772,7 @@ fn models_build_pulls_the_checkpoint_and_makes_an_int4_package_that_speaks() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("codec/codec.json")).unwrap())
             .unwrap();
     assert_eq!(codec_json["decoder"], "neucodec_decoder.onnx");
-    let wav = run.work.join("built.wav");
-    let o = common::cli(&[
-        "say",
-        "-q",
-        "--model",
-        dir.to_str().unwrap(),
-        "--voice",
-        "test",
-        "--seed",
-        "3",
-        "-o",
-        wav.to_str().unwrap(),
-        "Hello there.",
-    ]);
-    assert!(o.status.success(), "{}", common::stderr(&o));
-    let (rate, channels, samples, _) =
-        common::symphonia_decode(&std::fs::read(&wav).unwrap(), "wav");
-    assert_eq!((rate, channels), (24_000, 1));
-    // At least the first streaming window of codes became audio.
-    assert!(samples.len() >= 30 * 480, "{} samples", samples.len());
+    speaks(&dir, &run.work.join("built.wav"));
 
     // Built again: the package is ours, so it is replaced whole, not refused.
     let o = build(

@@ -965,12 +965,8 @@ impl Backbone for OrtBackbone {
     }
 
     fn append(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
-        if self.past.len() != self.names.past.len() {
-            return Err(EngineError::Runtime(
-                "the KV cache could not be allocated".into(),
-            ));
-        }
-        self.extend_slot(0, tokens, &[])
+        // The same run as a prefill's, with no request to watch.
+        self.prefill(tokens, &[])
     }
 
     fn prefill(&mut self, tokens: &[u32], cancel: &[&CancelToken]) -> Result<&[f32], EngineError> {
