@@ -44,6 +44,11 @@ struct HubState {
     corrupt: HashSet<String>,
     /// The CDN's origin: another port, as the real hub's CDN is another host.
     cdn: String,
+    /// Repository -> the version its branch moves to right after a listing of it is answered
+    /// (a push landing during a pull).
+    moves: HashMap<String, HubRepo>,
+    /// Versions a move replaced: still served by their commit, as the real hub does.
+    past: Vec<(String, HubRepo)>,
 }
 
 struct FakeHub {
@@ -134,6 +139,7 @@ fn serve(state: &Mutex<HubState>, method: &Method, uri: &Uri, headers: &HeaderMa
         let (name, file) = st
             .repos
             .values()
+            .chain(st.past.iter().map(|(_, r)| r))
             .flat_map(|r| r.files.iter())
             .find(|(_, f)| sha256(&f.bytes) == *sha)
             .expect("a blob the hub serves");
@@ -204,6 +210,11 @@ fn serve(state: &Mutex<HubState>, method: &Method, uri: &Uri, headers: &HeaderMa
                 "gated": repo.gated.is_some(),
                 "siblings": siblings,
             });
+            if let Some(next) = st.moves.remove(&repo_id)
+                && let Some(old) = st.repos.insert(repo_id.clone(), next)
+            {
+                st.past.push((repo_id, old));
+            }
             Response::builder()
                 .header(header::CONTENT_TYPE, "application/json")
                 .body(Body::from(body.to_string()))
@@ -236,7 +247,12 @@ fn serve(state: &Mutex<HubState>, method: &Method, uri: &Uri, headers: &HeaderMa
                 .body(Body::from(serde_json::Value::from(entries).to_string()))
                 .unwrap()
         }
-        ["resolve", _rev, file @ ..] => {
+        ["resolve", rev, file @ ..] => {
+            let repo = st
+                .past
+                .iter()
+                .find(|(id, r)| *id == repo_id && r.commit == *rev)
+                .map_or(repo, |(_, r)| r);
             let file = file.join("/");
             let Some((_, f)) = repo.files.iter().find(|(n, _)| *n == file) else {
                 return error(StatusCode::NOT_FOUND, "EntryNotFound", "Entry not found");
@@ -705,6 +721,66 @@ fn a_pull_on_a_terminal_shows_its_downloads_and_quiet_hides_them() {
             assert!(text.contains("tokenizer.json"), "{text:?}");
         }
     }
+}
+
+/// A push that lands while a pull runs: the pull keeps to the commit it listed (every file is
+/// fetched by that commit), so the package is that commit's, whole; the next pull takes the new
+/// one.
+#[test]
+fn a_branch_that_moves_during_a_pull_does_not_mix_two_commits() {
+    let hub = FakeHub::start(vendor_repos());
+    let repo = "neuphonic/neutts-air-q4-gguf";
+    let (old, new) = (
+        gguf_package(),
+        common::repo().join("models/tiny-random-gguf"),
+    );
+    let moved = HubRepo {
+        commit: "d".repeat(40),
+        files: vec![(
+            "neutts-air-Q4_0.gguf".into(),
+            file(&new.join("model-f32.gguf"), true),
+        )],
+        gated: None,
+    };
+    hub.state.lock().unwrap().moves.insert(repo.into(), moved);
+    let run = Run::new("pull-moved", &hub);
+    let dir = run.dir_arg("neutts-air-q4");
+    let pkg = run.dir("neutts-air-q4");
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        hub.state.lock().unwrap().moves.is_empty(),
+        "the branch moved"
+    );
+    assert_eq!(
+        std::fs::read(pkg.join("neutts-air-Q4_0.gguf")).unwrap(),
+        std::fs::read(old.join("model-f32.gguf")).unwrap()
+    );
+    let gguf_commit = |pkg: &Path| {
+        let m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(pkg.join("pull.json")).unwrap()).unwrap();
+        m["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["to"] == "neutts-air-Q4_0.gguf")
+            .unwrap()["commit"]
+            .clone()
+    };
+    assert_eq!(gguf_commit(&pkg), "a".repeat(40));
+
+    let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        common::stdout(&o).contains(": updated"),
+        "{}",
+        common::stdout(&o)
+    );
+    assert_eq!(
+        std::fs::read(pkg.join("neutts-air-Q4_0.gguf")).unwrap(),
+        std::fs::read(new.join("model-f32.gguf")).unwrap()
+    );
+    assert_eq!(gguf_commit(&pkg), "d".repeat(40));
 }
 
 #[test]
