@@ -142,6 +142,16 @@ fn clean_stale(parent: &Path, leaf: &str, dir: &Path) {
 /// new one) and then removed; where the file system cannot exchange, it is moved aside first
 /// and put back if the second rename fails.
 pub fn install(ready: &Path, dir: &Path) -> Result<Placed, InstallError> {
+    install_with(ready, dir, exchange)
+}
+
+/// [`install`] with the exchange step given, so the two-step path of file systems without
+/// RENAME_EXCHANGE is tested on one that has it.
+fn install_with(
+    ready: &Path,
+    dir: &Path,
+    exchange: fn(&Path, &Path) -> std::io::Result<()>,
+) -> Result<Placed, InstallError> {
     if !dir.exists() {
         std::fs::rename(ready, dir).map_err(io(dir))?;
         return Ok(Placed::New);
@@ -202,4 +212,58 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
     let mut f = crate::paths::PartialFile::create(path)?;
     std::io::Write::write_all(&mut f, (text + "\n").as_bytes())?;
     f.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unsupported(_: &Path, _: &Path) -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    fn package(dir: &Path, content: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("model.onnx"), content).unwrap();
+    }
+
+    fn content(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("model.onnx")).unwrap()
+    }
+
+    /// What is left beside the package: nothing but the package itself.
+    fn entries(parent: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(parent)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn without_an_exchange_the_old_package_moves_aside_and_is_put_back_on_failure() {
+        let root = crate::testutil::tempdir("install");
+        let (ready, dir) = (root.join("ready"), root.join("pkg"));
+        package(&dir, "old");
+        package(&ready, "new");
+        assert_eq!(
+            install_with(&ready, &dir, unsupported).unwrap(),
+            Placed::Replaced
+        );
+        assert_eq!(content(&dir), "new");
+        assert_eq!(entries(&root), ["pkg"]);
+
+        // The new package's rename fails (it is gone): the old one is put back, untouched.
+        let err = install_with(&root.join("missing"), &dir, unsupported).unwrap_err();
+        assert!(matches!(err, InstallError::Io { .. }), "{err}");
+        assert_eq!(content(&dir), "new");
+        assert_eq!(entries(&root), ["pkg"]);
+
+        // With the exchange, the same replacement in one step.
+        package(&ready, "newer");
+        assert_eq!(install(&ready, &dir).unwrap(), Placed::Replaced);
+        assert_eq!(content(&dir), "newer");
+        assert_eq!(entries(&root), ["pkg"]);
+    }
 }
