@@ -58,14 +58,11 @@ impl Target {
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error(
-        "{precision} for {target} is refused: onnxruntime-genai's builder exports it without \
+        "fp16 for cpu is refused: onnxruntime-genai's builder exports it without \
          GroupQueryAttention, and ONNX Runtime's CPU provider fails that graph at the first \
          decode step; on cpu use int4, int8 or fp32 (fp16 is for cuda)"
     )]
-    Unsupported {
-        precision: &'static str,
-        target: &'static str,
-    },
+    Fp16OnCpu,
     #[error("{}: not a checkpoint directory: {missing}", .dir.display())]
     NotACheckpoint { dir: PathBuf, missing: String },
     #[error(
@@ -192,10 +189,7 @@ fn check_checkpoint(dir: &Path) -> Result<(), BuildError> {
 /// attempting to re-use buffer"). Measured, not assumed: docs/models.md.
 pub fn precheck(dir: &Path, opts: &BuildOptions) -> Result<(), BuildError> {
     if opts.precision == Precision::Fp16 && opts.target == Target::Cpu {
-        return Err(BuildError::Unsupported {
-            precision: opts.precision.as_str(),
-            target: opts.target.as_str(),
-        });
+        return Err(BuildError::Fp16OnCpu);
     }
     install::check_replaceable(dir, opts.force)?;
     Ok(())

@@ -438,8 +438,11 @@ pub fn on_terminal(cmd: &std::process::Command) -> std::process::Output {
         .chain(cmd.get_args())
         .map(quote)
         .collect();
+    // script runs the line with $SHELL -c: the quoting above is POSIX sh's. util-linux's
+    // script is in Debian's bsdutils, which every Debian system has.
     let mut t = std::process::Command::new("script");
-    t.args(["-q", "-e", "-c"])
+    t.env("SHELL", "/bin/sh")
+        .args(["-q", "-e", "-c"])
         .arg(format!("exec {}", line.join(" ")))
         .arg("/dev/null")
         .stdin(std::process::Stdio::null());
