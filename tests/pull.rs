@@ -542,6 +542,19 @@ fn clear_hub_env(cmd: &mut std::process::Command) {
     }
 }
 
+/// The entry of pull.json for the package file `to`: its repository, commit and sha256.
+fn pulled(pkg: &Path, to: &str) -> serde_json::Value {
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(pkg.join("pull.json")).unwrap()).unwrap();
+    m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["to"] == to)
+        .unwrap_or_else(|| panic!("pull.json has no {to}"))
+        .clone()
+}
+
 fn downloads(log: &[(String, String, Option<String>, Option<String>)]) -> Vec<String> {
     log.iter()
         .filter(|(_, p, r, _)| !p.starts_with("/api/") && r.as_deref() != Some("bytes=0-0"))
@@ -580,13 +593,7 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
     // The checkpoint's weights are not part of a GGUF package, nor READMEs.
     assert!(!pkg.join("model.safetensors").exists());
     assert!(!pkg.join("README.md").exists());
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(pkg.join("pull.json")).unwrap()).unwrap();
-    let files = manifest["files"].as_array().unwrap();
-    let gguf = files
-        .iter()
-        .find(|f| f["to"] == "neutts-air-Q4_0.gguf")
-        .unwrap();
+    let gguf = pulled(&pkg, "neutts-air-Q4_0.gguf");
     assert_eq!(gguf["repo"], "neuphonic/neutts-air-q4-gguf");
     assert_eq!(gguf["commit"], "a".repeat(40));
     assert_eq!(
@@ -660,14 +667,9 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
         std::fs::read(snap.join("neutts-air-Q4_0.gguf")).unwrap(),
         std::fs::read(g.join("model-f32.gguf")).unwrap()
     );
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(pkg.join("pull.json")).unwrap()).unwrap();
-    assert!(
-        manifest["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|f| f["commit"] == "f".repeat(40))
+    assert_eq!(
+        pulled(&pkg, "neutts-air-Q4_0.gguf")["commit"],
+        "f".repeat(40)
     );
 
     // The package gone, the cache kept: put back from the cache without a download.
@@ -756,17 +758,7 @@ fn a_branch_that_moves_during_a_pull_does_not_mix_two_commits() {
         std::fs::read(pkg.join("neutts-air-Q4_0.gguf")).unwrap(),
         std::fs::read(old.join("model-f32.gguf")).unwrap()
     );
-    let gguf_commit = |pkg: &Path| {
-        let m: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(pkg.join("pull.json")).unwrap()).unwrap();
-        m["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["to"] == "neutts-air-Q4_0.gguf")
-            .unwrap()["commit"]
-            .clone()
-    };
+    let gguf_commit = |pkg: &Path| pulled(pkg, "neutts-air-Q4_0.gguf")["commit"].clone();
     assert_eq!(gguf_commit(&pkg), "a".repeat(40));
 
     let o = run.pull(&["neutts-air-q4", "--dir", &dir], &[]);
