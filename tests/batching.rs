@@ -280,10 +280,11 @@ fn refused_prompts_fail_alone_without_disturbing_the_batch() {
 
 // ---- The whole pipeline: requests through one Synthesizer at once. ----
 
-fn synth(max_batch: usize) -> Synthesizer {
+fn synth(max_batch: usize, codec_sessions: usize) -> Synthesizer {
     Synthesizer::load(&SynthConfig {
         package_dir: common::model("tiny"),
         voice_dirs: vec![common::repo().join("voices")],
+        codec_sessions: Some(codec_sessions),
         scheduler: SchedulerOptions {
             max_batch,
             prefill_chunk: 32,
@@ -332,7 +333,7 @@ fn bytes_of(s: &Synthesizer, req: &SpeechRequest) -> Vec<u8> {
 #[test]
 fn requests_side_by_side_give_byte_identical_audio_to_each_alone() {
     let voices: Vec<String> = {
-        let s = synth(1);
+        let s = synth(1, 1);
         s.voices().names().into_iter().take(3).collect()
     };
     assert!(voices.len() >= 2, "the repo ships voices");
@@ -353,11 +354,14 @@ fn requests_side_by_side_give_byte_identical_audio_to_each_alone() {
             false,
         ),
     ];
-    let single = synth(1);
+    let single = synth(1, 1);
+    assert!(single.codec_description().starts_with("1 session x"));
     let want: Vec<Vec<u8>> = reqs.iter().map(|r| bytes_of(&single, r)).collect();
     drop(single);
-    let batched = synth(4);
+    // Batched, and with two codec sessions decoding the streams' windows side by side.
+    let batched = synth(4, 2);
     assert_eq!(batched.max_batch(), 4);
+    assert!(batched.codec_description().starts_with("2 sessions x"));
     let start = Barrier::new(reqs.len());
     let got: Vec<Vec<u8>> = std::thread::scope(|scope| {
         let hs: Vec<_> = reqs
@@ -380,6 +384,47 @@ fn requests_side_by_side_give_byte_identical_audio_to_each_alone() {
         peak >= 2,
         "the requests shared decode steps (peak batch {peak})"
     );
+}
+
+#[test]
+fn codec_sessions_decode_side_by_side_and_each_gives_the_same_samples() {
+    let cfg = SynthConfig {
+        package_dir: common::model("tiny"),
+        codec_sessions: Some(2),
+        ..SynthConfig::default()
+    };
+    let pkg = ModelPackage::load(&cfg.package_dir, None).unwrap();
+    let pool = onebit_tts::synth::load_codec(&cfg, &pkg.codec).unwrap();
+    assert_eq!(pool.sessions(), 2);
+    let codes: Vec<u32> = (0..60).map(|i| (i * 1_097) % 65_536).collect();
+    let want = pool.decode(&codes).unwrap();
+    assert_eq!(want.len(), codes.len() * pool.hop());
+    // Both sessions taken: none is free, and each decodes on its own thread at once.
+    let mut a = pool.take();
+    let mut b = pool.try_take().expect("a second session");
+    assert!(pool.try_take().is_none(), "only two sessions");
+    let start = Barrier::new(2);
+    let (x, y) = std::thread::scope(|scope| {
+        let (ha, hb) = (
+            scope.spawn(|| {
+                start.wait();
+                a.decode(&codes).unwrap()
+            }),
+            scope.spawn(|| {
+                start.wait();
+                b.decode(&codes).unwrap()
+            }),
+        );
+        (ha.join().unwrap(), hb.join().unwrap())
+    });
+    assert!(
+        x == want && y == want,
+        "each session gives the same samples"
+    );
+    drop(a);
+    let c = pool.try_take().expect("a session given back is free again");
+    drop((b, c));
+    assert_eq!(pool.decode(&codes).unwrap(), want);
 }
 
 /// Largest |a - b| over two logits rows.

@@ -413,8 +413,8 @@ fn say_logs_warnings_only_unless_asked() {
     }
 }
 
-/// bench reports each run's finish reason: greedy on the chain package every text ends on the end
-/// token, so no run is flagged as cut.
+/// bench reports each run's finish reason (greedy on the chain package every text ends on the end
+/// token, so no run is flagged as cut) and the codec sessions it decoded with; none is refused.
 #[test]
 fn bench_json_reports_each_runs_finish_reason() {
     let o = cli(&[
@@ -426,16 +426,30 @@ fn bench_json_reports_each_runs_finish_reason() {
         "1",
         "--temperature",
         "0",
+        "--codec-sessions",
+        "2",
         "--json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    let codec = v["codec"].as_str().unwrap();
+    assert!(codec.starts_with("2 sessions x "), "{codec}");
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3);
     for r in runs {
         assert_eq!(r["finish"], "stop", "{r}");
         assert_eq!(r["codes"], 120, "{r}");
     }
+    let o = cli(&[
+        "bench",
+        "-q",
+        "--model",
+        "models/tiny",
+        "--codec-sessions",
+        "0",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--codec-sessions"), "{}", stderr(&o));
 }
 
 /// `bench --engine-only --peers` runs onnxruntime-genai's own loop on the same prompts (its

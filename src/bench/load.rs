@@ -61,6 +61,8 @@ pub struct LoadReport {
     pub device: String,
     pub package: String,
     pub machine: String,
+    /// The codec's sessions and threads (the whole pipeline only).
+    pub codec: Option<String>,
     pub max_batch: usize,
     pub runs: usize,
     /// Engine-only: the prompt length and the codes per stream.
@@ -335,6 +337,7 @@ pub fn engine_load(
         device: device.to_string(),
         package: pkg.dir.display().to_string(),
         machine: machine(),
+        codec: None,
         max_batch: sched.max_batch(),
         runs,
         prompt_tokens: Some(prompt.len()),
@@ -456,6 +459,7 @@ pub fn pipeline_load(
         device: synth.device_label(),
         package: synth.package().dir.display().to_string(),
         machine: machine(),
+        codec: Some(synth.codec_description()),
         max_batch: synth.max_batch(),
         runs,
         prompt_tokens: None,
@@ -468,12 +472,15 @@ pub fn pipeline_load(
 impl LoadReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "{} under load\nengine {}\ndevice {}\npackage {}\nmachine {}\nmax batch {}; {} runs per level{}\n\n",
+            "{} under load\nengine {}\ndevice {}\npackage {}\nmachine {}\n{}max batch {}; {} runs per level{}\n\n",
             self.mode,
             self.engine,
             self.device,
             self.package,
             self.machine,
+            self.codec
+                .as_ref()
+                .map_or_else(String::new, |c| format!("codec {c}\n")),
             self.max_batch,
             self.runs,
             match (self.prompt_tokens, self.new_tokens) {

@@ -116,6 +116,8 @@ pub struct Report {
     pub residency: Option<crate::npu::Residency>,
     pub package: String,
     pub machine: String,
+    /// The codec's sessions and threads.
+    pub codec: String,
     pub runs: Vec<Run>,
     pub cases: Vec<CaseSummary>,
     pub peak_rss_mb: f64,
@@ -247,6 +249,7 @@ pub fn run(
         residency: synth.residency(),
         package: synth.package().dir.display().to_string(),
         machine: machine(),
+        codec: synth.codec_description(),
         runs: all,
         cases,
         peak_rss_mb: peak_rss_mb(),
@@ -258,11 +261,12 @@ impl Report {
     /// The table `bench` prints on stdout.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "engine {}\ndevice {}\npackage {}\nmachine {}\n\n{:<8} {:<8} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14}   stage ms (front/prefill/decode/codec/encode)\n",
+            "engine {}\ndevice {}\npackage {}\nmachine {}\ncodec {}\n\n{:<8} {:<8} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14}   stage ms (front/prefill/decode/codec/encode)\n",
             self.engine,
             self.device,
             self.package,
             self.machine,
+            self.codec,
             "case",
             "voice",
             "codes",

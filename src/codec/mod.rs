@@ -9,6 +9,9 @@
 pub mod encoder;
 pub mod stream;
 
+use std::ops::{Deref, DerefMut};
+use std::sync::{Condvar, Mutex, PoisonError};
+
 use ort::session::Session;
 use ort::value::{Tensor, TensorElementType, ValueType};
 
@@ -191,5 +194,167 @@ impl CodecDecoder {
             });
         }
         Ok(samples.to_vec())
+    }
+}
+
+/// Decoder sessions that run side by side: each call takes a free one and gives it back, and
+/// waits while every one is busy, so requests take turns per window, never per request.
+///
+/// One session is right on few cores: there two runs at once lose to taking turns (0.78x on 2
+/// cores). On many cores one run cannot fill them and several at once win (8 streaming windows
+/// 1.8x faster than in turn on 16 cores): docs/performance.md, "The codec beside the batch".
+/// Each session holds its own copy of the decoder's weights.
+pub struct CodecPool {
+    free: Mutex<Vec<CodecDecoder>>,
+    returned: Condvar,
+    sessions: usize,
+    threads: Option<usize>,
+    hop: usize,
+}
+
+/// Sessions when none are asked for: one per 4 of the codec's threads from 8 threads up (the
+/// fastest split measured on 16 cores), never more than the streams that can run at once.
+pub fn default_sessions(threads: Option<usize>, streams: usize) -> usize {
+    match threads {
+        Some(t) if t >= 8 => (t / 4).min(streams).max(1),
+        _ => 1,
+    }
+}
+
+impl CodecPool {
+    /// Loads `sessions` decoders, sharing `threads` out among them.
+    pub fn load(
+        env: &ort::environment::Environment,
+        pkg: &CodecPackage,
+        threads: &ThreadPlan,
+        sessions: usize,
+    ) -> Result<Self, CodecError> {
+        let plan = threads.split(sessions.max(1));
+        let decoders = (0..sessions.max(1))
+            .map(|_| CodecDecoder::load(env, pkg, &plan))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self::of(decoders, plan.intra_threads))
+    }
+
+    fn of(decoders: Vec<CodecDecoder>, threads: Option<usize>) -> Self {
+        let hop = decoders.first().map_or(0, CodecDecoder::hop);
+        Self {
+            sessions: decoders.len(),
+            free: Mutex::new(decoders),
+            returned: Condvar::new(),
+            threads,
+            hop,
+        }
+    }
+
+    /// Decodes `codes` in one run on the next free session: `codes.len() * hop` samples.
+    pub fn decode(&self, codes: &[u32]) -> Result<Vec<f32>, CodecError> {
+        self.take().decode(codes)
+    }
+
+    /// A free session, waiting for one while all are busy.
+    pub fn take(&self) -> Lease<'_> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(d) = free.pop() {
+                return Lease {
+                    pool: self,
+                    decoder: Some(d),
+                };
+            }
+            free = self
+                .returned
+                .wait(free)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// A free session, if one is.
+    pub fn try_take(&self) -> Option<Lease<'_>> {
+        let d = self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()?;
+        Some(Lease {
+            pool: self,
+            decoder: Some(d),
+        })
+    }
+
+    pub fn sessions(&self) -> usize {
+        self.sessions
+    }
+
+    /// Samples per code.
+    pub fn hop(&self) -> usize {
+        self.hop
+    }
+
+    /// "2 sessions x 8 threads", for logs and `bench`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} session{} x {} threads",
+            self.sessions,
+            if self.sessions == 1 { "" } else { "s" },
+            self.threads
+                .map_or_else(|| "ORT-default".to_owned(), |n| n.to_string())
+        )
+    }
+}
+
+impl From<CodecDecoder> for CodecPool {
+    fn from(d: CodecDecoder) -> Self {
+        Self::of(vec![d], None)
+    }
+}
+
+/// A session taken from a [`CodecPool`]; it goes back when dropped (a panic in a run included:
+/// a failed run leaves no state behind in the session).
+pub struct Lease<'p> {
+    pool: &'p CodecPool,
+    decoder: Option<CodecDecoder>,
+}
+
+impl Deref for Lease<'_> {
+    type Target = CodecDecoder;
+    fn deref(&self) -> &CodecDecoder {
+        self.decoder.as_ref().expect("held until drop")
+    }
+}
+
+impl DerefMut for Lease<'_> {
+    fn deref_mut(&mut self) -> &mut CodecDecoder {
+        self.decoder.as_mut().expect("held until drop")
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.decoder.take() {
+            self.pool
+                .free
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(d);
+            self.pool.returned.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_sessions;
+
+    #[test]
+    fn many_threads_split_into_sessions_of_four_at_most_one_per_stream() {
+        assert_eq!(default_sessions(Some(2), 4), 1);
+        assert_eq!(default_sessions(Some(4), 4), 1);
+        assert_eq!(default_sessions(Some(8), 4), 2);
+        assert_eq!(default_sessions(Some(16), 4), 4);
+        assert_eq!(default_sessions(Some(16), 8), 4);
+        assert_eq!(default_sessions(Some(16), 2), 2);
+        assert_eq!(default_sessions(Some(16), 1), 1);
+        assert_eq!(default_sessions(None, 4), 1);
     }
 }

@@ -157,6 +157,19 @@ impl ThreadPlan {
         }
     }
 
+    /// The plan of each of `sessions` sessions that run side by side: the threads shared out
+    /// (at least one each) and unpinned, since the pinning lays one pool over the cores.
+    pub fn split(&self, sessions: usize) -> Self {
+        if sessions <= 1 {
+            return self.clone();
+        }
+        Self {
+            intra_threads: self.intra_threads.map(|n| (n / sessions).max(1)),
+            affinities: None,
+            ..self.clone()
+        }
+    }
+
     /// [`ThreadPlan::new`] for the cores this process may use now ([`CpuTopology::detect`]).
     pub fn for_process(policy: ThreadPolicy, explicit: Option<usize>, spin: Option<bool>) -> Self {
         Self::new(policy, &CpuTopology::detect(), explicit, spin)
@@ -302,6 +315,13 @@ mod tests {
         // cores 1..15, each as both siblings (1-based ids): core 1 = cpus 1 and 17.
         let want: Vec<String> = (1..16).map(|c| format!("{},{}", c + 1, c + 17)).collect();
         assert_eq!(plan.affinities.as_deref(), Some(want.join(";").as_str()));
+        // Sessions side by side share the threads out, unpinned; one session keeps the plan.
+        assert_eq!(plan.split(1), plan);
+        let quarter = plan.split(4);
+        assert_eq!((quarter.intra_threads, quarter.affinities), (Some(4), None));
+        assert_eq!(quarter.spinning, plan.spinning);
+        assert_eq!(plan.split(32).intra_threads, Some(1));
+        assert_eq!(ThreadPlan::default().split(4), ThreadPlan::default());
     }
 
     #[test]

@@ -4,12 +4,11 @@
 //! [`AudioStage`], which is why saved codes decode to the bytes the synthesis wrote.
 
 use std::ops::ControlFlow;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::audio::{OutputPipeline, OutputSpec};
 use crate::codec::stream::{StreamDecoder, StreamError, decode_whole};
-use crate::codec::{CodecDecoder, CodecError};
+use crate::codec::{CodecError, CodecPool};
 
 use super::{SynthError, SynthEvent};
 
@@ -43,7 +42,7 @@ struct PieceAudio<'a> {
 /// Codes to encoded bytes for one request, piece by piece. Every method that hands bytes to the
 /// sink returns `false` when the sink asked to stop.
 pub(crate) struct AudioStage<'a> {
-    codec: &'a Mutex<CodecDecoder>,
+    codec: &'a CodecPool,
     pipeline: OutputPipeline,
     /// The voice's codes: left context of the first streamed window of every piece.
     reference: Vec<i32>,
@@ -60,7 +59,7 @@ impl<'a> AudioStage<'a> {
     /// `windowed`: decode in overlapping windows as codes arrive (the streaming path) rather than
     /// each piece whole. `t0` is the request's start, for the first-audio time.
     pub fn new(
-        codec: &'a Mutex<CodecDecoder>,
+        codec: &'a CodecPool,
         output: &OutputSpec,
         codec_rate: u32,
         reference: &[u32],
@@ -239,14 +238,10 @@ fn as_i32(codes: &[u32]) -> Vec<i32> {
     codes.iter().map(|&c| c as i32).collect()
 }
 
-/// Decodes under the codec's lock, held for this one call: requests running side by side take
-/// turns per window, not per request.
-fn decode_i32(codec: &Mutex<CodecDecoder>, codes: &[i32]) -> Result<Vec<f32>, CodecError> {
+/// Decodes on a free codec session, held for this one call: requests running side by side
+/// take turns per window, not per request.
+fn decode_i32(codec: &CodecPool, codes: &[i32]) -> Result<Vec<f32>, CodecError> {
     let codes: Vec<u32> = codes.iter().map(|&c| c as u32).collect();
-    // A panic inside an earlier decode leaves no state behind in the session.
-    let mut codec = codec
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     codec.decode(&codes)
 }
 

@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::audio::OutputSpec;
-use crate::codec::CodecDecoder;
+use crate::codec::CodecPool;
 use crate::package::SPEECH_CODES;
 
 use super::audio::{AudioStage, AudioTally};
@@ -198,7 +198,7 @@ impl SpeechCodes {
     /// WAV has an unknown length). `sink` gets the bytes in order and may stop.
     pub fn decode(
         &self,
-        codec: &std::sync::Mutex<CodecDecoder>,
+        codec: &CodecPool,
         codec_rate: u32,
         output: &OutputSpec,
         sink: &mut dyn FnMut(&[u8]) -> ControlFlow<()>,

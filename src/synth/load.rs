@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::codec::CodecDecoder;
+use crate::codec::{self, CodecPool};
 use crate::engine::device::{self, Device, DeviceChoice};
 use crate::engine::{
     self, Engine, EngineError, LocalEngine, OgaOptions, OrtOptions, ResidencyGate,
@@ -21,6 +21,9 @@ pub struct SynthConfig {
     pub voice_dirs: Vec<PathBuf>,
     pub ort: OrtOptions,
     pub codec_threads: Option<usize>,
+    /// Codec sessions that decode side by side (`--codec-sessions`); `None`: the measured
+    /// default for the codec's threads ([`codec::default_sessions`]).
+    pub codec_sessions: Option<usize>,
     /// 0 means [`DEFAULT_MAX_INPUT_CHARS`].
     pub max_input_chars: usize,
     /// Which generation loop runs the backbone.
@@ -252,12 +255,18 @@ pub fn probe_config(cfg: &SynthConfig) -> Result<WorkerConfig, crate::Error> {
     Ok(worker_config(cfg, &cfg.package_dir, Device::Npu, declared)?)
 }
 
-/// Loads the NeuCodec decoder with the threads a config gives it, on this process's ONNX Runtime.
-pub fn load_codec(cfg: &SynthConfig, codec: &CodecPackage) -> Result<CodecDecoder, crate::Error> {
+/// Loads the NeuCodec decoder sessions with the threads a config gives them, on this process's
+/// ONNX Runtime.
+pub fn load_codec(cfg: &SynthConfig, codec: &CodecPackage) -> Result<CodecPool, crate::Error> {
     let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
     let threads =
         crate::runtime::ThreadPlan::for_process(cfg.ort.threads, cfg.codec_threads, cfg.ort.spin);
-    Ok(CodecDecoder::load(env, codec, &threads)?)
+    let sessions = cfg
+        .codec_sessions
+        .unwrap_or_else(|| codec::default_sessions(threads.intra_threads, cfg.scheduler.max_batch));
+    let pool = CodecPool::load(env, codec, &threads, sessions)?;
+    tracing::info!("codec {}: {}", codec.decoder.display(), pool.describe());
+    Ok(pool)
 }
 
 /// Where a backbone runs, as far as it was observed: an NPU load is "npu" only with proven

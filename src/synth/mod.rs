@@ -13,10 +13,9 @@ pub mod plan;
 mod run;
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use crate::audio::OutputSpec;
-use crate::codec::{CodecDecoder, CodecError};
+use crate::codec::{CodecError, CodecPool};
 use crate::engine::device::Device;
 use crate::engine::{
     Candidates, Engine, EngineError, GenerationParams, Scheduler, SchedulerOptions, SchedulerStats,
@@ -167,7 +166,7 @@ impl SynthesisReport {
 pub struct Synthesizer {
     front: FrontEnd,
     scheduler: Scheduler,
-    codec: Mutex<CodecDecoder>,
+    codec: CodecPool,
     candidates: Candidates,
     device: Device,
     /// The engine's worker child, readable without asking the scheduler (for /health).
@@ -189,7 +188,7 @@ impl Synthesizer {
     pub fn from_parts(
         front: FrontEnd,
         engine: Box<dyn Engine>,
-        codec: CodecDecoder,
+        codec: impl Into<CodecPool>,
         scheduler: SchedulerOptions,
     ) -> Result<Self, crate::Error> {
         let pkg = front.package();
@@ -205,7 +204,7 @@ impl Synthesizer {
             budget,
             front,
             scheduler,
-            codec: Mutex::new(codec),
+            codec: codec.into(),
             candidates,
             device,
             worker,
@@ -221,6 +220,11 @@ impl Synthesizer {
     /// The scheduler's live numbers (batch size, steps).
     pub fn scheduler_stats(&self) -> &SchedulerStats {
         self.scheduler.stats()
+    }
+
+    /// The codec's sessions and threads ("2 sessions x 8 threads").
+    pub fn codec_description(&self) -> String {
+        self.codec.describe()
     }
 
     /// Where the backbone runs.

@@ -115,6 +115,12 @@ pub struct ModelArgs {
           default_value_t = onebit_tts::engine::scheduler::DEFAULT_PREFILL_CHUNK,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub prefill_chunk: usize,
+    /// NeuCodec decoder sessions that decode side by side, the threads shared out among them
+    /// (each holds its own copy of the decoder). Default: 1 below 8 threads, else one per 4
+    /// threads, at most --max-batch (measured: docs/performance.md).
+    #[arg(long, env = "ONEBIT_CODEC_SESSIONS", value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub codec_sessions: Option<usize>,
 }
 
 pub fn parse_thread_policy(s: &str) -> Result<ThreadPolicy, String> {
@@ -230,6 +236,7 @@ pub fn synth_config(m: &ModelArgs) -> SynthConfig {
             npu_strict: m.npu_strict,
         },
         codec_threads: m.threads,
+        codec_sessions: m.codec_sessions,
         max_input_chars: 0,
         engine: m.engine,
         llama_attention: m.llama_attention,

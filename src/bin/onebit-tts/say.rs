@@ -231,7 +231,7 @@ fn decode_to(model: &ModelArgs, out: &OutArgs, codes_path: &Path, output: &Path)
     // Only the codec is needed: the package's codec/ unless --codec names another.
     let codec_dir = onebit_tts::package::codec_dir_of(&cfg.package_dir, cfg.codec_dir.as_deref());
     let codec_pkg = onebit_tts::package::CodecPackage::load(&codec_dir)?;
-    let codec = std::sync::Mutex::new(onebit_tts::synth::load_codec(&cfg, &codec_pkg)?);
+    let codec = onebit_tts::synth::load_codec(&cfg, &codec_pkg)?;
     let mut file =
         PartialFile::create(output).with_context(|| format!("creating {}", output.display()))?;
     let tally = codes.decode(&codec, codec_pkg.sample_rate, &spec, &mut |bytes| {
