@@ -195,6 +195,7 @@ fn batched_sequences_make_the_codes_they_make_alone() {
             SchedulerOptions {
                 max_batch,
                 prefill_chunk: 16,
+                batch_invariant: false,
             },
         )
         .unwrap();
@@ -213,6 +214,27 @@ fn batched_sequences_make_the_codes_they_make_alone() {
             "max_batch {max_batch}: the jobs never shared a step"
         );
     }
+}
+
+/// llama.cpp's batch has no way to pad a lone sequence's step, so --batch-invariant runs the
+/// llama engine one request at a time (the scheduler's other way to give a seed one take).
+#[test]
+fn batch_invariant_runs_the_llama_engine_one_request_at_a_time() {
+    let (onnx, gguf) = pair("tiny");
+    let start = |batch_invariant| {
+        Scheduler::start(
+            Box::new(LocalEngine(Box::new(llama(&gguf, 4)))),
+            Candidates::of(&onnx),
+            SchedulerOptions {
+                max_batch: 4,
+                prefill_chunk: 16,
+                batch_invariant,
+            },
+        )
+        .unwrap()
+        .max_batch()
+    };
+    assert_eq!((start(false), start(true)), (4, 1));
 }
 
 #[test]

@@ -1572,6 +1572,8 @@ async fn load_200_requests_from_32_clients_get_200_or_429_and_never_mix_bytes() 
         "mean batch {:.2} over {steps} steps",
         rows / steps
     );
+    // Not batch-invariant: no step was padded.
+    assert_eq!(metric(&text, "onebit_decode_pad_rows_total"), 0.0);
     assert_eq!(
         metric(&text, "onebit_stream_codes_per_second_count"),
         metric(&text, "onebit_generations_total")

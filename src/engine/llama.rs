@@ -692,7 +692,12 @@ impl BatchBackbone for LlamaBackbone {
         self.decode(&pairs, 1, cancel)
     }
 
-    fn step(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+    fn step_padded(&mut self, tokens: &[u32], pad: usize) -> Result<&[f32], EngineError> {
+        if pad > 0 {
+            return Err(EngineError::Params(
+                "the llama engine does not pad decode steps".into(),
+            ));
+        }
         let pairs = tokens
             .iter()
             .enumerate()

@@ -262,9 +262,29 @@ pub trait BatchBackbone {
     ) -> Result<&[f32], EngineError>;
     /// Appends `tokens[i]` to the sequence in slot `i`, for every `i`, in one run, and returns
     /// their logits rows one after another. A failure leaves no sequence usable.
-    fn step(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError>;
+    fn step(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        self.step_padded(tokens, 0)
+    }
+    /// [`BatchBackbone::step`] with `pad` throwaway rows run after the sequences' rows, in the
+    /// slots after theirs; the sequences in those slots (none, or one being prefilled) are left
+    /// as they were, and only the sequences' logits rows are returned. For CPU kernels that add
+    /// in another order for one row than for several: a lone sequence padded to two rows gets
+    /// the logits it gets beside any other (`--batch-invariant`).
+    fn step_padded(&mut self, tokens: &[u32], pad: usize) -> Result<&[f32], EngineError>;
+    /// Whether [`BatchBackbone::step_padded`] can pad.
+    fn can_pad(&self) -> bool {
+        false
+    }
     /// Ends the sequence in `slot` of the `running` ones; the last one moves into its slot.
     fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError>;
+}
+
+/// How many of the `left` prompt tokens the next prefill run takes: at most `chunk`, but never
+/// leaving one token to a run of its own (a one-row run is the one the int4 kernels round
+/// differently); a prompt of one token is one run.
+pub fn next_chunk(left: usize, chunk: usize) -> usize {
+    let take = left.min(chunk.max(1));
+    if left - take == 1 { take + 1 } else { take }
 }
 
 /// Something that turns a prompt into speech codes: an in-process [`Backbone`] under the shared
@@ -474,6 +494,27 @@ mod tests {
     use super::CancelToken;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn prefill_chunks_never_leave_one_token_for_a_run_of_its_own() {
+        let runs = |len: usize, chunk: usize| {
+            let (mut done, mut out) = (0, Vec::new());
+            while done < len {
+                let take = super::next_chunk(len - done, chunk);
+                out.push(take);
+                done += take;
+            }
+            out
+        };
+        assert_eq!(runs(130, 64), [64, 64, 2]);
+        assert_eq!(runs(129, 64), [64, 65]);
+        assert_eq!(runs(65, 64), [65]);
+        assert_eq!(runs(64, 64), [64]);
+        assert_eq!(runs(5, 2), [2, 3]);
+        assert_eq!(runs(3, 1), [1, 2]);
+        assert_eq!(runs(1, 64), [1]);
+        assert_eq!(runs(150, usize::MAX), [150]);
+    }
 
     #[test]
     fn a_hook_runs_when_its_token_fires_and_never_after_its_guard_is_gone() {

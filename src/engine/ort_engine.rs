@@ -797,8 +797,15 @@ impl OrtBackbone {
                 .collect();
             // A token that fired before this point set the flag as its hook was registered:
             // the first run stops at its first node, and so would every later chunk's.
-            self.ensure(self.slots, needed)
-                .and_then(|()| tokens.chunks(chunk).try_for_each(|c| self.run(slot, 1, c)))
+            self.ensure(self.slots, needed).and_then(|()| {
+                let mut done = 0;
+                while done < tokens.len() {
+                    let take = super::next_chunk(tokens.len() - done, chunk);
+                    self.run(slot, 1, &tokens[done..done + take])?;
+                    done += take;
+                }
+                Ok(())
+            })
             // The hooks are gone here: nothing sets the flag after this point.
         };
         if fired() {
@@ -1031,7 +1038,7 @@ impl BatchBackbone for OrtBackbone {
         self.extend_slot(slot, tokens, cancel)
     }
 
-    fn step(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+    fn step_padded(&mut self, tokens: &[u32], pad: usize) -> Result<&[f32], EngineError> {
         let rows = tokens.len();
         if rows == 0 || rows > self.slots || self.past.len() != self.names.past.len() {
             return Err(EngineError::Runtime(format!(
@@ -1039,15 +1046,40 @@ impl BatchBackbone for OrtBackbone {
                 self.slots
             )));
         }
-        let needed = self.lens[..rows].iter().max().copied().unwrap_or(0) + 1;
+        if pad > 0 && (self.mode != KvMode::Shared || self.static_kv.is_some()) {
+            return Err(EngineError::Params(
+                "a padded step needs a shared KV buffer of several slots".into(),
+            ));
+        }
+        let all = rows + pad;
+        // A pad row writes its K/V at its slot's next position and is then forgotten: a
+        // sequence being prefilled there writes that position again with its next chunk.
+        let kept: Vec<usize> = (rows..all)
+            .map(|s| self.lens.get(s).copied().unwrap_or(0))
+            .collect();
+        let needed = self.lens[..rows]
+            .iter()
+            .chain(&kept)
+            .max()
+            .copied()
+            .unwrap_or(0)
+            + 1;
         if needed > self.budget {
             return Err(super::too_long(needed, self.budget, self.static_kv));
         }
+        let mut fed = tokens.to_vec();
+        fed.resize(all, tokens[0]);
         let result = self
-            .ensure(self.slots, needed)
-            .and_then(|()| self.run(0, rows, tokens));
+            .ensure(self.slots.max(all), needed)
+            .and_then(|()| self.run(0, all, &fed));
         self.failed(result)?;
+        self.lens[rows..all].copy_from_slice(&kept);
+        self.logits.truncate(rows * self.width);
         Ok(&self.logits)
+    }
+
+    fn can_pad(&self) -> bool {
+        self.mode == KvMode::Shared && self.static_kv.is_none()
     }
 
     fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError> {

@@ -38,6 +38,12 @@ pub struct SchedulerOptions {
     pub max_batch: usize,
     /// Prompt tokens per prefill chunk while others run.
     pub prefill_chunk: usize,
+    /// A seeded request makes the same codes whatever runs beside it, on every CPU: a lone
+    /// sequence's decode step is padded to two rows and prompts are prefilled in the same
+    /// chunks alone as beside others (`--batch-invariant`). Engines that cannot pad then run
+    /// one request at a time.
+    #[serde(default)]
+    pub batch_invariant: bool,
 }
 
 impl Default for SchedulerOptions {
@@ -45,6 +51,7 @@ impl Default for SchedulerOptions {
         Self {
             max_batch: DEFAULT_MAX_BATCH,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            batch_invariant: false,
         }
     }
 }
@@ -114,6 +121,8 @@ pub struct SchedulerStats {
     pub step_rows: AtomicU64,
     /// The largest batch a step has run.
     pub peak_batch: AtomicUsize,
+    /// Throwaway rows that padded lone sequences' steps (`--batch-invariant`).
+    pub pad_rows: AtomicU64,
 }
 
 /// The handle to the thread that owns the engine.
@@ -132,8 +141,16 @@ impl Scheduler {
         candidates: Candidates,
         opts: SchedulerOptions,
     ) -> Result<Self, EngineError> {
-        let batched = engine.backbone().is_some_and(|b| b.batch().is_some());
-        let max_batch = if batched { opts.max_batch.max(1) } else { 1 };
+        let batch = engine.backbone().and_then(|b| b.batch());
+        let batched = batch.is_some();
+        let pads = batch.is_some_and(|b| b.can_pad());
+        let mut max_batch = if batched { opts.max_batch.max(1) } else { 1 };
+        if opts.batch_invariant && max_batch > 1 && !pads {
+            tracing::warn!(
+                "--batch-invariant: this engine cannot pad a lone decode step, so requests run one at a time"
+            );
+            max_batch = 1;
+        }
         let stats = Arc::new(SchedulerStats::default());
         let (tx, rx) = mpsc::channel::<Job>();
         let thread_stats = stats.clone();
@@ -147,7 +164,12 @@ impl Scheduler {
                     jobs: rx,
                 };
                 if max_batch > 1 {
-                    lane.batched(engine.as_mut(), max_batch, opts.prefill_chunk.max(1));
+                    lane.batched(
+                        engine.as_mut(),
+                        max_batch,
+                        opts.prefill_chunk.max(1),
+                        opts.batch_invariant,
+                    );
                 } else {
                     lane.one_at_a_time(engine.as_mut());
                 }
@@ -353,7 +375,13 @@ impl Lane {
         }
     }
 
-    fn batched(&mut self, engine: &mut dyn Engine, max_batch: usize, chunk: usize) {
+    fn batched(
+        &mut self,
+        engine: &mut dyn Engine,
+        max_batch: usize,
+        chunk: usize,
+        invariant: bool,
+    ) {
         let Some(backbone) = engine.backbone() else {
             return self.one_at_a_time(engine);
         };
@@ -369,6 +397,7 @@ impl Lane {
             backbone,
             running: Vec::with_capacity(max_batch),
             prefill: None,
+            invariant,
         };
         loop {
             let idle = batch.running.is_empty() && batch.prefill.is_none();
@@ -378,8 +407,9 @@ impl Lane {
             if batch.prefill.is_none() && batch.running.len() < max_batch {
                 self.admit(&mut batch, &limits);
             }
-            // Alone, a prefill runs whole; beside running sequences, one chunk per turn.
-            let take = if batch.running.is_empty() {
+            // Alone, a prefill runs whole; beside running sequences, one chunk per turn (and
+            // always, batch-invariant: the same runs alone as beside others).
+            let take = if batch.running.is_empty() && !invariant {
                 usize::MAX
             } else {
                 chunk
@@ -416,6 +446,8 @@ struct Batch<'b> {
     backbone: &'b mut dyn BatchBackbone,
     running: Vec<Running>,
     prefill: Option<Prefill>,
+    /// Lone sequences' steps are padded to two rows.
+    invariant: bool,
 }
 
 impl Batch<'_> {
@@ -430,7 +462,7 @@ impl Batch<'_> {
             return;
         }
         let slot = self.running.len();
-        let end = p.job.prompt.len().min(p.done.saturating_add(take));
+        let end = p.done + super::next_chunk(p.job.prompt.len() - p.done, take);
         let cancel = [&p.job.cancel, &p.job.stop];
         let logits = match self
             .backbone
@@ -479,10 +511,12 @@ impl Batch<'_> {
             return;
         }
         let tokens: Vec<u32> = self.running.iter().map(|r| r.next).collect();
-        let rows = match self.backbone.step(&tokens) {
+        let pad = usize::from(self.invariant && tokens.len() == 1);
+        let rows = match self.backbone.step_padded(&tokens, pad) {
             Ok(rows) => rows,
             Err(e) => return self.fail_all(&e),
         };
+        stats.pad_rows.fetch_add(pad as u64, Ordering::Relaxed);
         stats.steps.fetch_add(1, Ordering::Relaxed);
         stats
             .step_rows

@@ -318,6 +318,12 @@ impl Metrics {
                 "Sequences over all batched decode steps (divided by the steps: the mean batch size).",
                 sched.step_rows.load(Ordering::Relaxed) as f64,
             ),
+            (
+                "onebit_decode_pad_rows_total",
+                "counter",
+                "Throwaway rows that padded a lone sequence's decode step (--batch-invariant).",
+                sched.pad_rows.load(Ordering::Relaxed) as f64,
+            ),
         ];
         for (name, ty, help, v) in lines.into_iter().chain(batch) {
             s.push_str(&format!(

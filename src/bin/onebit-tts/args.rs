@@ -115,6 +115,13 @@ pub struct ModelArgs {
           default_value_t = onebit_tts::engine::scheduler::DEFAULT_PREFILL_CHUNK,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub prefill_chunk: usize,
+    /// A seeded request makes the same audio whatever runs beside it, on every CPU: a lone
+    /// request's decode steps are padded to two rows (ONNX Runtime's int4 kernels round one row
+    /// differently from several on some CPUs) and prompts are prefilled in the same chunks alone
+    /// as beside others. Costs a lone request about an eighth of its rate (docs/performance.md);
+    /// --engine ort with a shared KV buffer, else requests run one at a time.
+    #[arg(long, env = "ONEBIT_BATCH_INVARIANT")]
+    pub batch_invariant: bool,
     /// NeuCodec decoder sessions that decode side by side, the threads shared out among them
     /// (each holds its own copy of the decoder). Default: 1 below 8 threads, else one per 4
     /// threads, at most --max-batch (measured: docs/performance.md).
@@ -258,6 +265,7 @@ pub fn synth_config(m: &ModelArgs) -> SynthConfig {
         scheduler: onebit_tts::engine::SchedulerOptions {
             max_batch: m.max_batch,
             prefill_chunk: m.prefill_chunk,
+            batch_invariant: m.batch_invariant,
         },
     }
 }
