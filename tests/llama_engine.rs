@@ -2,7 +2,8 @@
 //! converts from the generated ONNX packages with every weight float32 (the int4 blocks
 //! dequantised exactly): the same logits as our ONNX Runtime backbone up to float rounding, the
 //! same greedy codes, alone and batched; the CLI with `--engine llama` (the same audio bytes as
-//! `--engine ort` on the source package); and clear errors for bad GGUF files and devices.
+//! `--engine ort` on the source package); clear errors for bad GGUF files and devices; and on the
+//! real-shape Q4_0 GGUF, llama.cpp's own greedy loop's tokens for 128 steps.
 #![cfg(feature = "llama")]
 
 mod common;
@@ -277,6 +278,109 @@ fn a_cancelled_prefill_stops_inside_llama_decode_and_the_backbone_goes_on() {
     assert!(matches!(err, EngineError::Interrupted), "{err}");
     b.open(0).unwrap();
     assert_eq!(b.extend(0, prompt, &[&idle]).unwrap(), &want[..]);
+}
+
+/// llama.cpp's own loop, as benches/peers/llama_bench.py runs it through llama-cpp-python for
+/// `bench --peers`: a context of exactly prompt + `n` positions with llama.cpp's default settings
+/// (f16 KV, flash attention where the backend has it), the prompt in one llama_decode, then
+/// greedy over the whole vocabulary (the first largest logit), one token per llama_decode.
+fn llama_cpp_greedy(path: &Path, prompt: &[u32], n: usize, threads: i32) -> Vec<u32> {
+    use llama_cpp_sys_2 as sys;
+    let file = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: llama.h's documented sequence; every pointer is checked before use, the logits
+    // row is n_vocab floats long, and the context is freed before its model.
+    unsafe {
+        sys::llama_backend_init();
+        let mut mp = sys::llama_model_default_params();
+        mp.n_gpu_layers = 0;
+        let model = sys::llama_model_load_from_file(file.as_ptr(), mp);
+        assert!(
+            !model.is_null(),
+            "llama.cpp could not load {}",
+            path.display()
+        );
+        let n_vocab = sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model)) as usize;
+        let mut cp = sys::llama_context_default_params();
+        cp.n_ctx = (prompt.len() + n) as u32;
+        cp.n_batch = prompt.len() as u32;
+        cp.n_threads = threads;
+        cp.n_threads_batch = threads;
+        let ctx = sys::llama_init_from_model(model, cp);
+        assert!(!ctx.is_null(), "llama.cpp could not make a context");
+        let mut ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+        let batch = sys::llama_batch_get_one(ids.as_mut_ptr(), ids.len() as i32);
+        assert_eq!(
+            sys::llama_decode(ctx, batch),
+            0,
+            "the prompt's llama_decode"
+        );
+        let mut made = Vec::with_capacity(n);
+        loop {
+            let row = std::slice::from_raw_parts(sys::llama_get_logits_ith(ctx, -1), n_vocab);
+            let best = row
+                .iter()
+                .enumerate()
+                .fold(0, |b, (i, &x)| if x > row[b] { i } else { b });
+            made.push(best as u32);
+            if made.len() == n {
+                break;
+            }
+            let mut one = [best as i32];
+            let batch = sys::llama_batch_get_one(one.as_mut_ptr(), 1);
+            assert_eq!(sys::llama_decode(ctx, batch), 0, "step {}", made.len());
+        }
+        sys::llama_free(ctx);
+        sys::llama_model_free(model);
+        made
+    }
+}
+
+#[test]
+fn the_real_shape_q4_0_gguf_makes_llama_cpps_own_greedy_tokens_for_128_steps() {
+    // The peer check, in CI: the real-shape backbone's Q4_0 GGUF (tools/onnx_to_gguf.py)
+    // through our engine with llama.cpp's own settings (--llama-attention fast) and our sampler
+    // (speech ids, the end token held off) against llama.cpp's own greedy loop over the whole
+    // vocabulary.
+    let dir = common::repo().join("models/real-shape-q4-gguf");
+    let gguf = dir.join("model-q4_0.gguf");
+    assert!(
+        gguf.exists(),
+        "{} is missing: run scripts/gen-test-models.sh",
+        gguf.display()
+    );
+    let pkg = ModelPackage::load(&dir, None).unwrap();
+    assert_eq!(pkg.format, BackboneFormat::Gguf);
+    let mut ours = LlamaBackbone::load(
+        &pkg,
+        &LlamaOptions {
+            threads: 2,
+            device: Device::Cpu,
+            max_batch: 1,
+            attention: LlamaAttention::Fast,
+        },
+    )
+    .unwrap_or_else(|e| panic!("llama engine: {e}"));
+    assert!(ours.describe().contains("24 layers"), "{}", ours.describe());
+    let c = Candidates::of(&pkg);
+    let steps = 128;
+    let params = GenerationParams {
+        sampling: SamplingParams::greedy(),
+        min_new_tokens: steps,
+        max_new_tokens: Some(steps),
+    };
+    for prompt in common::speech_prompts(&pkg, &[(100, 4242)]) {
+        ours.reset();
+        let codes = common::generate_all(&mut ours, &c, &prompt, &params).codes;
+        let ids: Vec<u32> = codes.iter().map(|&k| pkg.vocab.code_to_id(k)).collect();
+        let peer = llama_cpp_greedy(&gguf, &prompt, steps, 2);
+        let same = ids.iter().zip(&peer).take_while(|(a, b)| a == b).count();
+        assert_eq!(
+            (same, ids.len(), peer.len()),
+            (steps, steps, steps),
+            "prompt of {}: greedy tokens equal from the start",
+            prompt.len()
+        );
+    }
 }
 
 fn say(model: &Path, extra: &[&str], out: &Path) -> std::process::Output {
