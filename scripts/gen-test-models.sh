@@ -14,9 +14,11 @@
 #   models/tiny-gguf      GGUF packages of models/tiny and models/tiny-random for --engine llama:
 #   models/tiny-random-gguf  tools/onnx_to_gguf.py with every weight float32 (the int4 blocks
 #                         dequantised exactly), beside the source's tokenizer, configs and codec
-#   models/real-shape-q4-gguf  the real-shape backbone (Qwen2-0.5B / NeuTTS-air shape, random
-#                         weights) as tools/onnx_to_gguf.py's Q4_0 GGUF, with the tiny codec: the
-#                         llama engine against llama.cpp's own greedy loop for 128 steps. Its
+#   models/real-shape-q4-gguf  the real-shape backbone (Qwen2-0.5B / NeuTTS-air shape) with
+#                         the random variant's weights (no chain to follow: every greedy choice
+#                         comes from the whole network) as tools/onnx_to_gguf.py's Q4_0 GGUF, with
+#                         the tiny codec: the llama engine against llama.cpp's own greedy loop
+#                         for 128 steps. Its
 #                         1.1 GB ONNX source is made and removed here (about a minute on 2 cores)
 # and the test voice voices/test.json.
 set -euo pipefail
@@ -43,7 +45,7 @@ done
 src=models/.real-shape-src
 out=models/real-shape-q4-gguf
 rm -rf "$src" "$out.partial" && mkdir -p "$out.partial"
-"$py" tools/gen_models.py --out "$src" --real-shape --codec tiny
+"$py" tools/gen_models.py --out "$src" --real-shape --variant random --codec tiny
 "$py" tools/onnx_to_gguf.py "$src" --out "$out.partial/model-q4_0.gguf"
 cp "$src/tokenizer.json" "$src/tokenizer_config.json" "$src/config.json" "$out.partial/"
 cp -r "$src/codec" "$out.partial/codec"

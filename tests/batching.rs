@@ -454,7 +454,8 @@ fn batch_invariant_sampled_takes_are_the_same_alone_and_beside_others() {
     // lone step is padded, no prompt chunk is one token), and every take is the same alone and
     // beside 1 and 3 others that join and leave at other steps.
     let (pkg, _) = common::load_ort(&common::model("tiny-random"), KvMode::Shared);
-    let limits = [500, 150, 350, 250];
+    // Long enough that every job still runs when the last one joins (as in the greedy test).
+    let limits = [900, 250, 600, 400];
     let jobs: Vec<(Vec<u32>, GenerationParams)> = prompts(&pkg)
         .into_iter()
         .zip(limits)
@@ -508,6 +509,33 @@ fn batch_invariant_sampled_takes_are_the_same_alone_and_beside_others() {
 }
 
 #[test]
+fn the_codec_sessions_follow_the_requests_that_can_run_side_by_side() {
+    let codec = |max_batch: usize, kv: KvMode| {
+        Synthesizer::load(&SynthConfig {
+            package_dir: common::model("tiny"),
+            voice_dirs: vec![common::repo().join("voices")],
+            codec_threads: Some(8),
+            ort: engine::OrtOptions {
+                kv_mode: Some(kv),
+                ..Default::default()
+            },
+            scheduler: SchedulerOptions {
+                max_batch,
+                ..Default::default()
+            },
+            ..SynthConfig::default()
+        })
+        .unwrap()
+        .codec_description()
+    };
+    // 8 threads make two sessions of 4 when requests run side by side, one of 8 when they
+    // cannot (one place, or growing KV, which runs one request at a time).
+    assert_eq!(codec(4, KvMode::Shared), "2 sessions x 4 threads");
+    assert_eq!(codec(1, KvMode::Shared), "1 session x 8 threads");
+    assert_eq!(codec(4, KvMode::Growing), "1 session x 8 threads");
+}
+
+#[test]
 fn codec_sessions_decode_side_by_side_and_each_gives_the_same_samples() {
     let cfg = SynthConfig {
         package_dir: common::model("tiny"),
@@ -515,7 +543,7 @@ fn codec_sessions_decode_side_by_side_and_each_gives_the_same_samples() {
         ..SynthConfig::default()
     };
     let pkg = ModelPackage::load(&cfg.package_dir, None).unwrap();
-    let pool = onebit_tts::synth::load_codec(&cfg, &pkg.codec).unwrap();
+    let pool = onebit_tts::synth::load_codec(&cfg, &pkg.codec, 2).unwrap();
     assert_eq!(pool.sessions(), 2);
     let codes: Vec<u32> = (0..60).map(|i| (i * 1_097) % 65_536).collect();
     let want = pool.decode(&codes).unwrap();

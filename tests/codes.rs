@@ -263,7 +263,7 @@ fn streamed_codes_decode_to_the_streamed_bytes() {
         assert_eq!(doc.decoding, Decoding::Windowed);
         let doc = SpeechCodes::from_json(&doc.to_json()).unwrap();
 
-        let codec = load_codec(&cfg, &synth.package().codec).unwrap();
+        let codec = load_codec(&cfg, &synth.package().codec, 1).unwrap();
         let mut decoded = Vec::new();
         let tally = doc
             .decode(&codec, 24_000, &output, &mut |b| {

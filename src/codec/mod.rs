@@ -122,6 +122,8 @@ pub struct CodecDecoder {
     input: String,
     output: String,
     hop: usize,
+    /// The intra-op threads it was loaded with (`None`: ONNX Runtime's default).
+    threads: Option<usize>,
 }
 
 impl CodecDecoder {
@@ -147,6 +149,7 @@ impl CodecDecoder {
             output: io.output,
             session: io.session,
             hop: pkg.hop_length,
+            threads: threads.intra_threads,
         };
         let probe = me.decode(&[0, 1])?;
         if probe.len() != 2 * me.hop {
@@ -213,7 +216,7 @@ pub struct CodecPool {
 }
 
 /// Sessions when none are asked for: one per 4 of the codec's threads from 8 threads up (the
-/// fastest split measured on 16 cores), never more than the streams that can run at once.
+/// fastest split measured on 16 cores), never more than the `streams` that can run at once.
 pub fn default_sessions(threads: Option<usize>, streams: usize) -> usize {
     match threads {
         Some(t) if t >= 8 => (t / 4).min(streams).max(1),
@@ -233,11 +236,12 @@ impl CodecPool {
         let decoders = (0..sessions.max(1))
             .map(|_| CodecDecoder::load(env, pkg, &plan))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self::of(decoders, plan.intra_threads))
+        Ok(Self::of(decoders))
     }
 
-    fn of(decoders: Vec<CodecDecoder>, threads: Option<usize>) -> Self {
+    fn of(decoders: Vec<CodecDecoder>) -> Self {
         let hop = decoders.first().map_or(0, CodecDecoder::hop);
+        let threads = decoders.first().and_then(|d| d.threads);
         Self {
             sessions: decoders.len(),
             free: Mutex::new(decoders),
@@ -305,7 +309,7 @@ impl CodecPool {
 
 impl From<CodecDecoder> for CodecPool {
     fn from(d: CodecDecoder) -> Self {
-        Self::of(vec![d], None)
+        Self::of(vec![d])
     }
 }
 

@@ -279,11 +279,11 @@ pub trait BatchBackbone {
     fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError>;
 }
 
-/// How many of the `left` prompt tokens the next prefill run takes: at most `chunk`, but never
-/// leaving one token to a run of its own (a one-row run is the one the int4 kernels round
-/// differently); a prompt of one token is one run.
+/// How many of the `left` prompt tokens the next prefill run takes: `chunk` (at least 2), but
+/// never leaving one token to a run of its own (a one-row run is the one the int4 kernels round
+/// differently); only a prompt of one token is a one-token run.
 pub fn next_chunk(left: usize, chunk: usize) -> usize {
-    let take = left.min(chunk.max(1));
+    let take = left.min(chunk.max(2));
     if left - take == 1 { take + 1 } else { take }
 }
 
@@ -511,7 +511,8 @@ mod tests {
         assert_eq!(runs(65, 64), [65]);
         assert_eq!(runs(64, 64), [64]);
         assert_eq!(runs(5, 2), [2, 3]);
-        assert_eq!(runs(3, 1), [1, 2]);
+        assert_eq!(runs(3, 1), [3]);
+        assert_eq!(runs(4, 1), [2, 2]);
         assert_eq!(runs(1, 64), [1]);
         assert_eq!(runs(150, usize::MAX), [150]);
     }

@@ -141,15 +141,11 @@ impl Scheduler {
         candidates: Candidates,
         opts: SchedulerOptions,
     ) -> Result<Self, EngineError> {
-        let batch = engine.backbone().and_then(|b| b.batch());
-        let batched = batch.is_some();
-        let pads = batch.is_some_and(|b| b.can_pad());
-        let mut max_batch = if batched { opts.max_batch.max(1) } else { 1 };
-        if opts.batch_invariant && max_batch > 1 && !pads {
+        let max_batch = Self::places(engine.as_mut(), &opts);
+        if opts.batch_invariant && max_batch == 1 && opts.max_batch > 1 {
             tracing::warn!(
                 "--batch-invariant: this engine cannot pad a lone decode step, so requests run one at a time"
             );
-            max_batch = 1;
         }
         let stats = Arc::new(SchedulerStats::default());
         let (tx, rx) = mpsc::channel::<Job>();
@@ -181,6 +177,15 @@ impl Scheduler {
             stats,
             max_batch,
         })
+    }
+
+    /// Requests that will generate side by side on `engine` under `opts`: `opts.max_batch` when
+    /// the backbone can batch (and pad, batch-invariant), else 1.
+    pub fn places(engine: &mut dyn Engine, opts: &SchedulerOptions) -> usize {
+        match engine.backbone().and_then(|b| b.batch()) {
+            Some(b) if !opts.batch_invariant || b.can_pad() => opts.max_batch.max(1),
+            _ => 1,
+        }
     }
 
     /// Sequences one decode step runs at most (1 when the engine cannot batch).

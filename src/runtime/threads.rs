@@ -158,7 +158,9 @@ impl ThreadPlan {
     }
 
     /// The plan of each of `sessions` sessions that run side by side: the threads shared out
-    /// (at least one each) and unpinned, since the pinning lays one pool over the cores.
+    /// (`threads / sessions`, at least one each) and unpinned, since the pinning lays one pool
+    /// over the cores. A plan that leaves the count to ONNX Runtime (`--thread-policy ort`
+    /// without `--threads`) leaves it to each session.
     pub fn split(&self, sessions: usize) -> Self {
         if sessions <= 1 {
             return self.clone();

@@ -256,14 +256,18 @@ pub fn probe_config(cfg: &SynthConfig) -> Result<WorkerConfig, crate::Error> {
 }
 
 /// Loads the NeuCodec decoder sessions with the threads a config gives them, on this process's
-/// ONNX Runtime.
-pub fn load_codec(cfg: &SynthConfig, codec: &CodecPackage) -> Result<CodecPool, crate::Error> {
+/// ONNX Runtime; `streams` decode side by side at most (the default sessions follow it).
+pub fn load_codec(
+    cfg: &SynthConfig,
+    codec: &CodecPackage,
+    streams: usize,
+) -> Result<CodecPool, crate::Error> {
     let env = crate::runtime::environment(cfg.ort_lib.as_deref())?;
     let threads =
         crate::runtime::ThreadPlan::for_process(cfg.ort.threads, cfg.codec_threads, cfg.ort.spin);
     let sessions = cfg
         .codec_sessions
-        .unwrap_or_else(|| codec::default_sessions(threads.intra_threads, cfg.scheduler.max_batch));
+        .unwrap_or_else(|| codec::default_sessions(threads.intra_threads, streams));
     let pool = CodecPool::load(env, codec, &threads, sessions)?;
     tracing::info!("codec {}: {}", codec.decoder.display(), pool.describe());
     Ok(pool)

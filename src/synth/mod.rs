@@ -179,8 +179,10 @@ pub struct Synthesizer {
 impl Synthesizer {
     pub fn load(cfg: &SynthConfig) -> Result<Self, crate::Error> {
         let front = FrontEnd::load(cfg)?;
-        let engine = load_engine(cfg, front.package())?;
-        let codec = load_codec(cfg, &front.package().codec)?;
+        let mut engine = load_engine(cfg, front.package())?;
+        // The codec's default sessions follow the streams that will really run at once.
+        let streams = Scheduler::places(engine.as_mut(), &cfg.scheduler);
+        let codec = load_codec(cfg, &front.package().codec, streams)?;
         Self::from_parts(front, engine, codec, cfg.scheduler)
     }
 

@@ -124,7 +124,8 @@ pub struct ModelArgs {
     pub batch_invariant: bool,
     /// NeuCodec decoder sessions that decode side by side, the threads shared out among them
     /// (each holds its own copy of the decoder). Default: 1 below 8 threads, else one per 4
-    /// threads, at most --max-batch (measured: docs/performance.md).
+    /// threads, at most the requests that run side by side (--max-batch; `say` decodes one
+    /// stream: 1) (measured: docs/performance.md).
     #[arg(long, env = "ONEBIT_CODEC_SESSIONS", value_name = "N",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub codec_sessions: Option<usize>,

@@ -114,7 +114,9 @@ fn say_to(
     let output = to.audio;
     let spec = output_spec(out, output)?;
     let req = request(voice, text, g, spec)?;
-    let cfg = synth_config(model);
+    let mut cfg = synth_config(model);
+    // One request is one stream of codec windows: more sessions would only cost memory.
+    cfg.codec_sessions.get_or_insert(1);
     let synth = Synthesizer::load(&cfg)?;
     let bar = progress_bar(
         quiet,
@@ -231,7 +233,8 @@ fn decode_to(model: &ModelArgs, out: &OutArgs, codes_path: &Path, output: &Path)
     // Only the codec is needed: the package's codec/ unless --codec names another.
     let codec_dir = onebit_tts::package::codec_dir_of(&cfg.package_dir, cfg.codec_dir.as_deref());
     let codec_pkg = onebit_tts::package::CodecPackage::load(&codec_dir)?;
-    let codec = onebit_tts::synth::load_codec(&cfg, &codec_pkg)?;
+    // One document decodes as one stream.
+    let codec = onebit_tts::synth::load_codec(&cfg, &codec_pkg, 1)?;
     let mut file =
         PartialFile::create(output).with_context(|| format!("creating {}", output.display()))?;
     let tally = codes.decode(&codec, codec_pkg.sample_rate, &spec, &mut |bytes| {
