@@ -39,6 +39,21 @@ fn chain(seed: u64, max_new: usize) -> GenerationParams {
     g
 }
 
+/// A job per prompt: the i-th makes at most `limits[i]` codes with `params(first_seed + i, ..)`.
+fn jobs(
+    prompts: Vec<Vec<u32>>,
+    limits: [usize; 4],
+    first_seed: u64,
+    params: fn(u64, usize) -> GenerationParams,
+) -> Vec<(Vec<u32>, GenerationParams)> {
+    prompts
+        .into_iter()
+        .zip(limits)
+        .enumerate()
+        .map(|(i, (p, max_new))| (p, params(first_seed + i as u64, max_new)))
+        .collect()
+}
+
 /// Prompts of 4 lengths (13 to 300-odd tokens).
 fn prompts(pkg: &ModelPackage) -> Vec<Vec<u32>> {
     common::speech_prompts(pkg, &[(300, 65_400), (5, 1000), (120, 9), (40, 20_000)])
@@ -76,13 +91,7 @@ fn seeded_sequences_make_the_same_codes_alone_and_in_batches_of_1_2_and_4() {
     // limits: sequences join and leave at different steps, and the shared buffer (16 positions
     // at first) grows with 4 slots in it.
     let (pkg, _) = common::load_ort(&common::model("tiny"), KvMode::Shared);
-    let limits = [900, 250, 600, 400];
-    let jobs: Vec<(Vec<u32>, GenerationParams)> = prompts(&pkg)
-        .into_iter()
-        .zip(limits)
-        .enumerate()
-        .map(|(i, (p, max_new))| (p, chain(7 + i as u64, max_new)))
-        .collect();
+    let jobs = jobs(prompts(&pkg), [900, 250, 600, 400], 7, chain);
     let want = alone("tiny", &jobs);
     for w in &want {
         assert_eq!(w.stop, StopReason::Length);
@@ -145,13 +154,7 @@ fn sequences_that_end_during_a_chunked_prefill_leave_it_intact() {
     // to stay right after the running ones.
     let (pkg, s) = scheduler("tiny-random", KvMode::Shared, 4);
     let prompts = common::speech_prompts(&pkg, &[(300, 65_400), (5, 1000), (7, 2000), (300, 9)]);
-    let limits = [15, 3, 6, 40];
-    let jobs: Vec<(Vec<u32>, GenerationParams)> = prompts
-        .into_iter()
-        .zip(limits)
-        .enumerate()
-        .map(|(i, (p, max_new))| (p, sampled(40 + i as u64, max_new)))
-        .collect();
+    let jobs = jobs(prompts, [15, 3, 6, 40], 40, sampled);
     let want = alone("tiny-random", &jobs);
     let pending: Vec<_> = jobs
         .iter()
@@ -455,13 +458,7 @@ fn batch_invariant_sampled_takes_are_the_same_alone_and_beside_others() {
     // beside 1 and 3 others that join and leave at other steps.
     let (pkg, _) = common::load_ort(&common::model("tiny-random"), KvMode::Shared);
     // Long enough that every job still runs when the last one joins (as in the greedy test).
-    let limits = [900, 250, 600, 400];
-    let jobs: Vec<(Vec<u32>, GenerationParams)> = prompts(&pkg)
-        .into_iter()
-        .zip(limits)
-        .enumerate()
-        .map(|(i, (p, max_new))| (p, sampled(21 + i as u64, max_new)))
-        .collect();
+    let jobs = jobs(prompts(&pkg), [900, 250, 600, 400], 21, sampled);
     let start = |max_batch: usize| {
         let rows = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (_, inner) = common::load_ort(&common::model("tiny-random"), KvMode::Shared);

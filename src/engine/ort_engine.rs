@@ -1046,7 +1046,7 @@ impl BatchBackbone for OrtBackbone {
                 self.slots
             )));
         }
-        if pad > 0 && (self.mode != KvMode::Shared || self.static_kv.is_some()) {
+        if pad > 0 && !self.can_pad() {
             return Err(EngineError::Params(
                 "a padded step needs a shared KV buffer of several slots".into(),
             ));
