@@ -14,10 +14,14 @@
 #
 # Needs: scripts/setup.sh and scripts/gen-test-models.sh run, and the device's build tools
 # (docs/models.md, "GGUF on a GPU"): vulkan: the Vulkan loader and a driver, glslc, Vulkan headers
-# 1.4 or newer (system, or VULKAN_SDK=DIR with DIR/include and DIR/lib); cuda: the CUDA toolkit;
-# rocm: the HIP SDK. The GPU binary is kept as target/release/onebit-tts-DEVICE;
-# target/release/onebit-tts is rebuilt without it afterwards. BIN=PATH skips both builds and
-# checks that binary alone (a build made elsewhere; the CPU and ort runs use it too).
+# 1.4 or newer (system, or VULKAN_SDK=DIR with DIR/include and DIR/lib); cuda: a CUDA toolkit 12
+# or newer with its static libraries (nvcc on PATH or CUDACXX; CMAKE_CUDA_ARCHITECTURES=90-real and
+# the like builds one architecture); rocm: HIP 6.1 or newer with hipBLAS and rocBLAS (ROCM_PATH or
+# HIP_PATH, else /opt/rocm; Debian's packages: HIP_PATH=/usr HIPCXX=clang++-21, and
+# CMAKE_HIP_ARCHITECTURES=gfx1151 for a Strix Halo). The GPU binary is kept as
+# target/release/onebit-tts-DEVICE; target/release/onebit-tts is rebuilt without it afterwards.
+# BIN=PATH skips both builds and checks that binary alone (a build made elsewhere; the CPU and ort
+# runs use it too).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -49,6 +53,54 @@ else
       exit 2
     fi
     say_ INFO "Vulkan headers $major.$ver ($hdr)"
+  fi
+  if [ "$device" = cuda ]; then
+    nvcc="$(command -v "${CUDACXX:-nvcc}" || true)"
+    [ -n "$nvcc" ] || {
+      say_ SKIP "nvcc not found (the CUDA toolkit: put its bin/ on PATH or set CUDACXX)"
+      exit 2
+    }
+    ver="$({ "$nvcc" --version 2>/dev/null || true; } \
+      | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1.\2/p')"
+    # A floor, not a ceiling: 11.8 fails (the bundled llama.cpp calls cudaGridDependencySynchronize
+    # when built for sm_90); 12.4 builds.
+    if ! [[ "$ver" =~ ^[0-9]+\.[0-9]+$ ]] || [ "${ver%%.*}" -lt 12 ]; then
+      say_ SKIP "CUDA toolkit ${ver:-of unknown version} at $nvcc; the bundled llama.cpp needs 12+"
+      exit 2
+    fi
+    # llama-cpp-sys-2 links cuBLAS statically on Linux: the toolkit's static libraries must be
+    # there, in its own lib64, or in the multiarch directory where a distribution's nvcc is
+    # /usr/bin's.
+    top="$(dirname "$(dirname "$(readlink -f "$nvcc")")")"
+    found=""
+    for d in "$top/lib64" "$top/lib/$(uname -m)-linux-gnu"; do
+      [ -f "$d/libcublas_static.a" ] && [ -f "$d/libculibos.a" ] && { found="$d"; break; }
+    done
+    [ -n "$found" ] || {
+      say_ SKIP "libcublas_static.a and libculibos.a (static libraries) not found beside $nvcc"
+      exit 2
+    }
+    say_ INFO "CUDA toolkit $ver ($nvcc; static cuBLAS in $found)"
+    # llama-cpp-sys-2 links from ROOT/lib64 of CUDA_LIBRARY_PATH (beside /usr/local/cuda*, /opt/cuda
+    # and the system's directories).
+    if [ "${found##*/}" = lib64 ]; then
+      export CUDA_LIBRARY_PATH="${CUDA_LIBRARY_PATH:-$(dirname "$found")}"
+    fi
+  fi
+  if [ "$device" = rocm ]; then
+    # Where llama-cpp-sys-2 looks: ROCM_PATH, else HIP_PATH, else /opt/rocm.
+    rocm="${ROCM_PATH:-${HIP_PATH:-/opt/rocm}}"
+    hv="$rocm/include/hip/hip_version.h"
+    maj="$(sed -n 's/^#define HIP_VERSION_MAJOR \([0-9]*\)$/\1/p' "$hv" 2>/dev/null || true)"
+    min="$(sed -n 's/^#define HIP_VERSION_MINOR \([0-9]*\)$/\1/p' "$hv" 2>/dev/null || true)"
+    if ! [[ "$maj" =~ ^[0-9]+$ && "$min" =~ ^[0-9]+$ ]] || [ "$maj" -lt 6 ] \
+        || { [ "$maj" = 6 ] && [ "$min" -lt 1 ]; }; then
+      found="HIP $maj.$min"; [ -n "$maj" ] || found="no HIP version header"
+      say_ SKIP "$found at $hv; ggml's HIP backend needs HIP 6.1 or newer"
+      say_ SKIP "(ROCM_PATH=DIR for AMD's packages outside /opt/rocm; HIP_PATH=/usr for Debian's)"
+      exit 2
+    fi
+    say_ INFO "HIP $maj.$min ($hv)"
   fi
   echo "building with --features $feature (minutes: llama.cpp's $backend backend)" >&2
   cargo build --release --locked --features "$feature" >&2

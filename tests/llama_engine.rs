@@ -423,14 +423,28 @@ fn the_cli_speaks_a_gguf_package_with_the_same_audio_as_its_onnx_source() {
         e.contains("--engine llama runs GGUF packages") && e.contains("onnx_to_gguf.py"),
         "{e}"
     );
-    // A GPU this build does not have.
-    let o = say(&gguf_model("tiny"), &["--device", "vulkan"], &a);
-    let e = common::error_line(&o);
-    assert!(
-        e.contains("--device vulkan: this llama.cpp build has no Vulkan GPU device")
-            && e.contains("--features vulkan"),
-        "{e}"
-    );
+    // A GPU this build does not have (a build with that backend would run, or, for CUDA without
+    // the driver, not start at all).
+    if !cfg!(feature = "vulkan") {
+        let o = say(&gguf_model("tiny"), &["--device", "vulkan"], &a);
+        let e = common::error_line(&o);
+        assert!(
+            e.contains("--device vulkan: this llama.cpp build has no Vulkan GPU device")
+                && e.contains("--features vulkan"),
+            "{e}"
+        );
+    }
+    if !cfg!(feature = "llama-cuda") {
+        let o = say(&gguf_model("tiny"), &["--device", "cuda"], &a);
+        let e = common::error_line(&o);
+        assert!(
+            e.contains("--device cuda: this llama.cpp build has no CUDA GPU device")
+                && e.contains(
+                    "--features llama-cuda` (docs/models.md, \"The CUDA and ROCm builds\")"
+                ),
+            "{e}"
+        );
+    }
 }
 
 #[test]
@@ -467,4 +481,125 @@ fn bad_gguf_files_get_clear_errors() {
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A stand-in executable: a shell script with `body`.
+fn script(path: &Path, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// scripts/gpu-check.sh refuses a toolchain the bundled llama.cpp cannot build with before it
+/// starts a build of many minutes (exit 2, saying what is missing), and once the checks pass it
+/// builds the device's feature: a stand-in cargo on PATH records the call and fails, so a check
+/// that wrongly passes builds nothing.
+#[test]
+fn gpu_check_refuses_an_unusable_cuda_or_hip_toolchain_before_building() {
+    gguf_model("tiny"); // the script's first check
+    let dir = common::tempdir("gpu-check");
+    script(
+        &dir.join("bin/cargo"),
+        "echo \"cargo $* (CUDA_LIBRARY_PATH=$CUDA_LIBRARY_PATH)\"; exit 3",
+    );
+    let toolkit = |name: &str, release: &str| -> PathBuf {
+        let root = dir.join(name);
+        script(
+            &root.join("bin/nvcc"),
+            &format!("echo 'Cuda compilation tools, release {release}, V{release}.1'"),
+        );
+        root
+    };
+    let old = toolkit("cuda-11.8", "11.8");
+    let new = toolkit("cuda-12.4", "12.4");
+    let rocm = dir.join("rocm");
+    let header = rocm.join("include/hip/hip_version.h");
+    let system_path = std::env::var("PATH").unwrap();
+    // `path_first`: directories put before the stand-in cargo's and the system's PATH.
+    let run = |device: &str, path_first: &[&Path], vars: &[(&str, &Path)]| {
+        let mut path = path_first
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>();
+        path.push(dir.join("bin").display().to_string());
+        path.push(system_path.clone());
+        let mut cmd = std::process::Command::new("bash");
+        cmd.arg(common::repo().join("scripts/gpu-check.sh"))
+            .arg(device)
+            .env("PATH", path.join(":"));
+        for v in [
+            "BIN",
+            "CUDACXX",
+            "CUDA_PATH",
+            "CUDA_LIBRARY_PATH",
+            "ROCM_PATH",
+            "HIP_PATH",
+        ] {
+            cmd.env_remove(v);
+        }
+        let o = cmd.envs(vars.iter().copied()).output().unwrap();
+        let out = format!("{}{}", common::stdout(&o), common::stderr(&o));
+        (o.status.code(), out)
+    };
+
+    // CUDACXX names the toolkit to use, whatever PATH holds.
+    let nvcc = old.join("bin/nvcc");
+    let (rc, out) = run("cuda", &[&new.join("bin")], &[("CUDACXX", &nvcc)]);
+    assert_eq!(rc, Some(2), "{out}");
+    let want = format!(
+        "SKIP  CUDA toolkit 11.8 at {}; the bundled llama.cpp needs 12+",
+        nvcc.display()
+    );
+    assert!(out.contains(&want), "{out}");
+    assert!(!out.contains("cargo build"), "{out}");
+
+    // Else nvcc on PATH; its own toolkit must hold the static libraries.
+    let (rc, out) = run("cuda", &[&new.join("bin")], &[]);
+    assert_eq!(rc, Some(2), "{out}");
+    assert!(
+        out.contains("SKIP  libcublas_static.a and libculibos.a (static libraries) not found"),
+        "{out}"
+    );
+    std::fs::create_dir_all(new.join("lib64")).unwrap();
+    for lib in ["libcublas_static.a", "libculibos.a"] {
+        std::fs::write(new.join("lib64").join(lib), b"!<arch>\n").unwrap();
+    }
+    let (rc, out) = run("cuda", &[&new.join("bin")], &[]);
+    assert_eq!(rc, Some(3), "{out}");
+    assert!(out.contains("INFO  CUDA toolkit 12.4"), "{out}");
+    // The toolkit's root as the script resolved it (readlink -f: the repo may sit behind a link).
+    let root = std::fs::canonicalize(&new).unwrap();
+    let want = format!(
+        "cargo build --release --locked --features llama-cuda (CUDA_LIBRARY_PATH={})",
+        root.display()
+    );
+    assert!(out.contains(&want), "{out}");
+
+    let (rc, out) = run("rocm", &[], &[("ROCM_PATH", &rocm)]);
+    assert_eq!(rc, Some(2), "{out}");
+    assert!(
+        out.contains("SKIP  no HIP version header at") && out.contains("needs HIP 6.1 or newer"),
+        "{out}"
+    );
+    std::fs::create_dir_all(header.parent().unwrap()).unwrap();
+    let hip = |major: u32, minor: u32| {
+        let text =
+            format!("#define HIP_VERSION_MAJOR {major}\n#define HIP_VERSION_MINOR {minor}\n");
+        std::fs::write(&header, text).unwrap();
+        run("rocm", &[], &[("HIP_PATH", &rocm)])
+    };
+    let (rc, out) = hip(6, 0);
+    assert_eq!(rc, Some(2), "{out}");
+    assert!(
+        out.contains(&format!("SKIP  HIP 6.0 at {}", header.display())),
+        "{out}"
+    );
+    let (rc, out) = hip(6, 4);
+    assert_eq!(rc, Some(3), "{out}");
+    assert!(out.contains("INFO  HIP 6.4"), "{out}");
+    assert!(
+        out.contains("cargo build --release --locked --features rocm"),
+        "{out}"
+    );
 }

@@ -589,17 +589,40 @@ impl LlamaBackbone {
     }
 }
 
-/// How to get a llama.cpp build with a device's backend.
+/// What to do when llama.cpp shows no GPU of the device's backend: build with the backend, or,
+/// where this binary has it (the cargo feature decides what was compiled in), make the GPU visible.
 fn build_hint(device: Device) -> String {
-    let feature = match device {
-        Device::Vulkan => "vulkan",
-        Device::Rocm => "rocm",
-        Device::Cuda => "llama-cuda",
+    let (backend, feature, built, section, look) = match device {
+        Device::Vulkan => (
+            "Vulkan",
+            "vulkan",
+            cfg!(feature = "vulkan"),
+            "GGUF on a GPU",
+            "`vulkaninfo --summary` must list it",
+        ),
+        Device::Rocm => (
+            "ROCm",
+            "rocm",
+            cfg!(feature = "rocm"),
+            "The CUDA and ROCm builds",
+            "`rocminfo` must list it; your user needs /dev/kfd and /dev/dri (the render group)",
+        ),
+        Device::Cuda => (
+            "CUDA",
+            "llama-cuda",
+            cfg!(feature = "llama-cuda"),
+            "The CUDA and ROCm builds",
+            "`nvidia-smi` must list it",
+        ),
         Device::Cpu | Device::Npu => return String::new(),
     };
-    format!(
-        "build with `cargo build --release --features {feature}` (docs/models.md, \"GGUF on a GPU\") and check the driver sees the GPU"
-    )
+    if built {
+        format!("this binary has llama.cpp's {backend} backend, but it found no GPU: {look}")
+    } else {
+        format!(
+            "build with `cargo build --release --features {feature}` (docs/models.md, \"{section}\") and check the driver sees the GPU"
+        )
+    }
 }
 
 impl Backbone for LlamaBackbone {
