@@ -429,7 +429,7 @@ fn the_cli_speaks_a_gguf_package_with_the_same_audio_as_its_onnx_source() {
         let o = say(&gguf_model("tiny"), &["--device", "vulkan"], &a);
         let e = common::error_line(&o);
         assert!(
-            e.contains("--device vulkan: this llama.cpp build has no Vulkan GPU device")
+            e.contains("--device vulkan: llama.cpp found no Vulkan GPU (its devices: CPU")
                 && e.contains("--features vulkan"),
             "{e}"
         );
@@ -438,7 +438,7 @@ fn the_cli_speaks_a_gguf_package_with_the_same_audio_as_its_onnx_source() {
         let o = say(&gguf_model("tiny"), &["--device", "cuda"], &a);
         let e = common::error_line(&o);
         assert!(
-            e.contains("--device cuda: this llama.cpp build has no CUDA GPU device")
+            e.contains("--device cuda: llama.cpp found no CUDA GPU (its devices: CPU")
                 && e.contains(
                     "--features llama-cuda` (docs/models.md, \"The CUDA and ROCm builds\")"
                 ),

@@ -314,7 +314,7 @@ impl LlamaBackbone {
                     .map(|d| format!("{} {} ({})", d.backend, d.name, d.description))
                     .collect();
                 return Err(EngineError::Device(format!(
-                    "--device {}: this llama.cpp build has no {want} GPU device (it has: {}); {}",
+                    "--device {}: llama.cpp found no {want} GPU (its devices: {}); {}",
                     opts.device,
                     have.join(", "),
                     build_hint(opts.device)
@@ -617,7 +617,7 @@ fn build_hint(device: Device) -> String {
         Device::Cpu | Device::Npu => return String::new(),
     };
     if built {
-        format!("this binary has llama.cpp's {backend} backend, but it found no GPU: {look}")
+        format!("this binary has the {backend} backend, so the GPU is not visible: {look}")
     } else {
         format!(
             "build with `cargo build --release --features {feature}` (docs/models.md, \"{section}\") and check the driver sees the GPU"
