@@ -27,6 +27,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 fail=0
 say_() { printf '%-5s %s\n' "$1" "$2"; }
+# at_least A.B C.D: version A.B (numbers) is C.D or newer; false for anything else in A.B.
+at_least() {
+  [[ "$1" =~ ^[0-9]+\.[0-9]+$ ]] || return 1
+  local a="${1%%.*}" b="${1#*.}" c="${2%%.*}" d="${2#*.}"
+  ((a > c || (a == c && b >= d)))
+}
 
 device="${1:-}"
 case "$device" in
@@ -47,8 +53,7 @@ else
     hdr="${hdr:-/usr/include/vulkan/vulkan_core.h}"
     ver="$(sed -n 's/^#define VK_HEADER_VERSION \([0-9]*\)$/\1/p' "$hdr" 2>/dev/null || true)"
     major="$(sed -n 's/^#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION(0, \([0-9]*\), \([0-9]*\),.*/\1.\2/p' "$hdr" 2>/dev/null || true)"
-    if ! [[ "$ver" =~ ^[0-9]+$ && "$major" =~ ^[0-9]+\.[0-9]+$ ]] || [ "${major%%.*}" -lt 1 ] \
-        || { [ "${major%%.*}" = 1 ] && [ "${major#*.}" -lt 4 ]; }; then
+    if ! [[ "$ver" =~ ^[0-9]+$ ]] || ! at_least "$major" 1.4; then
       say_ SKIP "Vulkan headers ${major:-missing}.${ver:-} at $hdr; ggml's Vulkan backend needs 1.4 or newer (set VULKAN_SDK)"
       exit 2
     fi
@@ -64,7 +69,7 @@ else
       | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1.\2/p')"
     # A floor, not a ceiling: 11.8 fails (the bundled llama.cpp calls cudaGridDependencySynchronize
     # when built for sm_90); 12.4 builds.
-    if ! [[ "$ver" =~ ^[0-9]+\.[0-9]+$ ]] || [ "${ver%%.*}" -lt 12 ]; then
+    if ! at_least "$ver" 12.0; then
       say_ SKIP "CUDA toolkit ${ver:-of unknown version} at $nvcc; the bundled llama.cpp needs 12+"
       exit 2
     fi
@@ -93,10 +98,9 @@ else
     hv="$rocm/include/hip/hip_version.h"
     maj="$(sed -n 's/^#define HIP_VERSION_MAJOR \([0-9]*\)$/\1/p' "$hv" 2>/dev/null || true)"
     min="$(sed -n 's/^#define HIP_VERSION_MINOR \([0-9]*\)$/\1/p' "$hv" 2>/dev/null || true)"
-    if ! [[ "$maj" =~ ^[0-9]+$ && "$min" =~ ^[0-9]+$ ]] || [ "$maj" -lt 6 ] \
-        || { [ "$maj" = 6 ] && [ "$min" -lt 1 ]; }; then
-      found="HIP $maj.$min"; [ -n "$maj" ] || found="no HIP version header"
-      say_ SKIP "$found at $hv; ggml's HIP backend needs HIP 6.1 or newer"
+    if ! at_least "$maj.$min" 6.1; then
+      what="HIP $maj.$min"; [ -n "$maj" ] || what="no HIP version header"
+      say_ SKIP "$what at $hv; ggml's HIP backend needs HIP 6.1 or newer"
       say_ SKIP "(ROCM_PATH=DIR for AMD's packages outside /opt/rocm; HIP_PATH=/usr for Debian's)"
       exit 2
     fi

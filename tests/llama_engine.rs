@@ -424,26 +424,29 @@ fn the_cli_speaks_a_gguf_package_with_the_same_audio_as_its_onnx_source() {
         "{e}"
     );
     // A GPU this build does not have (a build with that backend would run, or, for CUDA without
-    // the driver, not start at all).
-    if !cfg!(feature = "vulkan") {
-        let o = say(&gguf_model("tiny"), &["--device", "vulkan"], &a);
+    // the driver, not start at all): the error names the feature to build with and its docs.
+    for (device, has_backend, backend, hint) in [
+        (
+            "vulkan",
+            cfg!(feature = "vulkan"),
+            "Vulkan",
+            "--features vulkan` (docs/models.md, \"GGUF on a GPU\")",
+        ),
+        (
+            "cuda",
+            cfg!(feature = "llama-cuda"),
+            "CUDA",
+            "--features llama-cuda` (docs/models.md, \"The CUDA and ROCm builds\")",
+        ),
+    ] {
+        if has_backend {
+            continue;
+        }
+        let o = say(&gguf_model("tiny"), &["--device", device], &a);
         let e = common::error_line(&o);
-        assert!(
-            e.contains("--device vulkan: llama.cpp found no Vulkan GPU (its devices: CPU")
-                && e.contains("--features vulkan"),
-            "{e}"
-        );
-    }
-    if !cfg!(feature = "llama-cuda") {
-        let o = say(&gguf_model("tiny"), &["--device", "cuda"], &a);
-        let e = common::error_line(&o);
-        assert!(
-            e.contains("--device cuda: llama.cpp found no CUDA GPU (its devices: CPU")
-                && e.contains(
-                    "--features llama-cuda` (docs/models.md, \"The CUDA and ROCm builds\")"
-                ),
-            "{e}"
-        );
+        let found =
+            format!("--device {device}: llama.cpp found no {backend} GPU (its devices: CPU");
+        assert!(e.contains(&found) && e.contains(hint), "{e}");
     }
 }
 
