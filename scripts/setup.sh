@@ -98,16 +98,6 @@ TOKENIZERS_VERSION=0.23.3
 # Hugging Face's Python hub client: tests/pull.rs checks that `models pull` shares its cache.
 HF_HUB_VERSION=2.4.0
 
-if [ ! -x "$home/venv/bin/python" ]; then
-  "$py" -m venv "$home/venv"
-fi
-stamp="$home/venv/.onebit-reqs"
-reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION huggingface_hub==$HF_HUB_VERSION wyoming==$WYOMING_VERSION websocket-client==$WEBSOCKET_CLIENT_VERSION ${ONEBIT_EXTRA_PIP:-}"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
-  "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
-  echo "$reqs" > "$stamp"
-fi
-
 # onnxruntime-genai's model builder imports the checkpoint with transformers (on torch) and
 # writes the graph with onnx-ir. PyPI's torch wheel is the CUDA build (~5 GB with its libraries);
 # the builder runs it on the CPU.
@@ -117,6 +107,42 @@ ONNX_IR_VERSION=1.1.0
 # Imported by llama.cpp's converter before it looks for a tokenizer.model.
 SENTENCEPIECE_VERSION=0.2.1
 build_reqs="torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION onnx-ir==$ONNX_IR_VERSION sentencepiece==$SENTENCEPIECE_VERSION"
+stamp="$home/venv/.onebit-reqs"
+reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION huggingface_hub==$HF_HUB_VERSION wyoming==$WYOMING_VERSION websocket-client==$WEBSOCKET_CLIENT_VERSION ${ONEBIT_EXTRA_PIP:-}"
+
+# Free space, checked before anything is downloaded: a full disk otherwise shows as a pip
+# traceback halfway through. Sizes as measured on a fresh clone (pip holds every wheel of an
+# install in its temporary folder while it unpacks them, hence more than the venv grows).
+need=0
+parts=()
+if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
+  need=$((need + 1)); parts+=("the venv's runtime packages 1 GiB")
+fi
+if [ "$build_tools" = 1 ]; then
+  if [ "$(cat "$home/venv/.onebit-build-reqs" 2>/dev/null)" != "$build_reqs" ]; then
+    need=$((need + 9)); parts+=("the model builder's torch with its CUDA libraries 9 GiB")
+  fi
+  if [ ! -d "${CARGO_TARGET_DIR:-$root/target}/debug" ]; then
+    need=$((need + 6)); parts+=("the test build in target/ 6 GiB")
+  fi
+fi
+if [ "$need" -gt 0 ] && [ "${ONEBIT_SETUP_SPACE_CHECK:-1}" != 0 ] && command -v df >/dev/null; then
+  avail_kib="$(df -Pk "$root" | { read -r _; read -r _ _ _ avail _; echo "${avail:-}"; })"
+  if [[ "$avail_kib" =~ ^[0-9]+$ ]] && [ "$avail_kib" -lt $((need * 1024 * 1024)) ]; then
+    list="$(IFS=';'; echo "${parts[*]}")"
+    echo "setup: $((avail_kib / 1024 / 1024)) GiB free on the disk of $root; this setup needs about $need GiB (${list//;/, }). Free some space and run this again (ONEBIT_SETUP_SPACE_CHECK=0 skips this check)" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -x "$home/venv/bin/python" ]; then
+  "$py" -m venv "$home/venv"
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
+  "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
+  echo "$reqs" > "$stamp"
+fi
+
 if [ "$build_tools" = 1 ] && [ "$(cat "$home/venv/.onebit-build-reqs" 2>/dev/null)" != "$build_reqs" ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $build_reqs
   echo "$build_reqs" > "$home/venv/.onebit-build-reqs"

@@ -2,7 +2,8 @@
 //! git tracks: no target/, no .onebit/, no models/, no ../shared beside it).
 //!
 //! What this covers, and what it cannot: scripts/setup.sh's check of the system prerequisites
-//! runs for real (present, and missing ones named with the command that installs them); the
+//! runs for real (present, and missing ones named with the command that installs them), and so
+//! does its free-space check before the downloads (with a stand-in `df`); the
 //! copy ships samples/ and the imported voices; scripts/gen-test-models.sh runs in the copy and
 //! `say --voice dave` works there with only the copy's voices, models and runtime in reach. Not
 //! run: setup.sh's downloads (the venv's packages, the neutts wheel) and the 10-minute
@@ -12,6 +13,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -143,6 +145,73 @@ fn setup_names_missing_prerequisites_and_the_command_that_installs_them() {
             );
         }
     }
+}
+
+#[test]
+fn setup_stops_before_downloading_when_the_disk_is_too_full() {
+    let tmp = common::tempdir("first-run-space");
+    let copy = tmp.join("clone");
+    clean_copy(&copy);
+    let tools = [
+        "bash", "dirname", "id", "python3", "mkdir", "cat", "cc", "make", "cmake", "node", "npm",
+        CHROMIUM,
+    ];
+    let bin = tool_path(&tmp.join("bin"), &tools);
+    // A stand-in df: POSIX output with the free KiB the test sets, and a record of what it was
+    // asked about.
+    let asked = tmp.join("df-args");
+    let df = bin.join("df");
+    std::fs::write(
+        &df,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> '{}'\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\necho \"/dev/vdz 264241152 260000000 $FREE_KIB 99% /\"\n",
+            asked.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&df, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // setup.sh names its root as `pwd` does: the path it was started by, links kept.
+    let root = &copy;
+    for (args, free_kib, want) in [
+        (
+            &["--build-tools"][..],
+            2 * 1024 * 1024 + 512,
+            format!(
+                "setup: 2 GiB free on the disk of {}; this setup needs about 16 GiB (the venv's runtime packages 1 GiB, the model builder's torch with its CUDA libraries 9 GiB, the test build in target/ 6 GiB). Free some space",
+                root.display()
+            ),
+        ),
+        (
+            &[][..],
+            1024 * 1024 - 1,
+            format!(
+                "setup: 0 GiB free on the disk of {}; this setup needs about 1 GiB (the venv's runtime packages 1 GiB). Free some space",
+                root.display()
+            ),
+        ),
+    ] {
+        let o = Command::new("/bin/bash")
+            .arg(copy.join("scripts/setup.sh"))
+            .args(args)
+            .env("PATH", &bin)
+            .env("ONEBIT_SETUP_INSTALL", "0")
+            .env("FREE_KIB", free_kib.to_string())
+            .env_remove("PYTHON")
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("ONEBIT_SETUP_SPACE_CHECK")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains(&want), "{}", stderr(&o));
+        assert!(
+            !copy.join(".onebit/venv").exists(),
+            "nothing is installed on a full disk"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&asked).unwrap(),
+        format!("-Pk {0}\n-Pk {0}\n", root.display())
+    );
 }
 
 #[test]
