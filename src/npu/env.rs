@@ -375,16 +375,8 @@ mod tests {
     use super::*;
     use std::fs;
 
-    struct Tmp(PathBuf);
-    impl Tmp {
-        fn new(tag: &str) -> Tmp {
-            Tmp(crate::testutil::tempdir(&format!("npu-env-{tag}")))
-        }
-    }
-    impl Drop for Tmp {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
+    fn tmp(tag: &str) -> crate::testutil::TempDir {
+        crate::testutil::tempdir(&format!("npu-env-{tag}"))
     }
 
     fn inputs(worker_dir: &Path) -> EnvInputs {
@@ -407,8 +399,8 @@ mod tests {
 
     #[test]
     fn venv_first_when_no_provider_beside_the_worker() {
-        let t = Tmp::new("plain");
-        let w = set(worker_env(&inputs(&t.0)).expect("plan"));
+        let t = tmp("plain");
+        let w = set(worker_env(&inputs(&t)).expect("plan"));
         assert_eq!(w.xilinx_xrt, Path::new("/opt/xilinx/xrt"));
         assert_eq!(w.xrt_source, XrtSource::Default);
         assert_eq!(
@@ -424,31 +416,31 @@ mod tests {
 
     #[test]
     fn worker_dir_before_venv_when_provider_beside_it() {
-        let t = Tmp::new("beside");
-        fs::write(t.0.join(PROVIDER_FILE), b"").expect("write");
-        let w = set(worker_env(&inputs(&t.0)).expect("plan"));
+        let t = tmp("beside");
+        fs::write(t.join(PROVIDER_FILE), b"").expect("write");
+        let w = set(worker_env(&inputs(&t)).expect("plan"));
         assert_eq!(
             w.ld_library_path,
             OsString::from(format!(
                 "/opt/xilinx/xrt/lib:{}:/venv/deployment/lib",
-                t.0.display()
+                t.display()
             ))
         );
-        assert_eq!(w.ryzenai_ep_path, t.0.join(PROVIDER_FILE));
+        assert_eq!(w.ryzenai_ep_path, t.join(PROVIDER_FILE));
         assert!(w.provider_beside_worker);
     }
 
     #[test]
     fn a_directory_named_like_the_provider_does_not_count() {
-        let t = Tmp::new("dirnamed");
-        fs::create_dir(t.0.join(PROVIDER_FILE)).expect("mkdir");
-        assert!(!set(worker_env(&inputs(&t.0)).expect("plan")).provider_beside_worker);
+        let t = tmp("dirnamed");
+        fs::create_dir(t.join(PROVIDER_FILE)).expect("mkdir");
+        assert!(!set(worker_env(&inputs(&t)).expect("plan")).provider_beside_worker);
     }
 
     #[test]
     fn xilinx_xrt_sources_in_order() {
-        let t = Tmp::new("xrt");
-        let mut i = inputs(&t.0);
+        let t = tmp("xrt");
+        let mut i = inputs(&t);
         i.xilinx_xrt = Some("/env/xrt".into());
         let w = set(worker_env(&i).expect("plan"));
         assert_eq!(w.xilinx_xrt, Path::new("/env/xrt"));
@@ -464,14 +456,14 @@ mod tests {
 
     #[test]
     fn unchanged_without_knob_or_for_a_cpu_model() {
-        let t = Tmp::new("unchanged");
-        let mut i = inputs(&t.0);
+        let t = tmp("unchanged");
+        let mut i = inputs(&t);
         i.ryzenai_root = None;
         let plan = worker_env(&i).expect("plan");
         assert_eq!(plan, EnvPlan::Unchanged(Unchanged::NoRyzenAiRoot));
         assert!(plan.vars().is_empty());
 
-        let mut i = inputs(&t.0);
+        let mut i = inputs(&t);
         i.provider_declared = false;
         assert_eq!(
             worker_env(&i).expect("plan"),
@@ -481,8 +473,8 @@ mod tests {
 
     #[test]
     fn old_search_path_kept_last_without_empties_or_duplicates() {
-        let t = Tmp::new("dedup");
-        let mut i = inputs(&t.0);
+        let t = tmp("dedup");
+        let mut i = inputs(&t);
         i.ld_library_path = Some(
             "/usr/local/lib::/venv/deployment/lib/:/opt/xilinx/xrt/lib:/usr/local/lib:".into(),
         );
@@ -495,16 +487,16 @@ mod tests {
 
     #[test]
     fn a_colon_in_a_directory_is_an_error() {
-        let t = Tmp::new("colon");
-        let mut i = inputs(&t.0);
+        let t = tmp("colon");
+        let mut i = inputs(&t);
         i.ryzenai_root = Some("/ve:nv".into());
         assert!(matches!(worker_env(&i), Err(NpuError::ColonInPath { .. })));
     }
 
     #[test]
     fn apply_and_display() {
-        let t = Tmp::new("apply");
-        let plan = worker_env(&inputs(&t.0)).expect("plan");
+        let t = tmp("apply");
+        let plan = worker_env(&inputs(&t)).expect("plan");
         let mut cmd = Command::new("true");
         plan.apply(&mut cmd);
         let vars: Vec<_> = cmd.get_envs().collect();
@@ -522,9 +514,9 @@ mod tests {
 
     #[test]
     fn provider_library_order() {
-        let t = Tmp::new("provider");
-        let a = t.0.join("a");
-        let b = t.0.join("b");
+        let t = tmp("provider");
+        let a = t.join("a");
+        let b = t.join("b");
         fs::create_dir_all(&a).expect("mkdir");
         fs::create_dir_all(&b).expect("mkdir");
         fs::write(b.join(LEGACY_PROVIDER_FILE), b"").expect("write");

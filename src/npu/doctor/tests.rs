@@ -10,16 +10,10 @@ use super::*;
 use crate::npu::NpuError;
 
 struct Fake {
-    root: PathBuf,
+    root: crate::testutil::TempDir,
     /// Owner and group of files we create (whoever runs the tests).
     uid: u32,
     gid: u32,
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.root);
-    }
 }
 
 fn write(p: &Path, text: &str) {
