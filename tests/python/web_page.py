@@ -16,9 +16,11 @@ selected and speaks; a wrong key shows the server's error. Prints one line per c
 
 import argparse
 import base64
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,11 +38,19 @@ TIMEOUT = 120
 class Browser:
     def __init__(self, chromium, url):
         self.profile = tempfile.mkdtemp(prefix="onebit-chromium-")
+        # Debian's /usr/bin/chromium-headless-shell is a shell script that runs the browser as its
+        # child, and the browser has zygote, GPU and renderer children: killing the script alone
+        # left them all running, writing into the profile. The browser gets a process group of
+        # its own, and this script becomes the subreaper of whatever is orphaned in it, so close()
+        # can kill the group and reap every member before it removes the profile.
+        PR_SET_CHILD_SUBREAPER = 36
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
         self.proc = subprocess.Popen(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
              f"--user-data-dir={self.profile}", "--autoplay-policy=no-user-gesture-required",
              "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         # Chromium says where its DevTools endpoint is on stderr.
         deadline = time.time() + 60
         endpoint = None
@@ -94,9 +104,19 @@ class Browser:
         try:
             self.ws.close()
         finally:
-            self.proc.kill()
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.proc.wait()
-            shutil.rmtree(self.profile, ignore_errors=True)
+            # Each member's children are handed to this process before the member itself can be
+            # reaped, so the group is gone once no child of ours is left in it.
+            while True:
+                try:
+                    os.waitpid(-self.proc.pid, 0)
+                except ChildProcessError:
+                    break
+            shutil.rmtree(self.profile)
 
 
 def tone_wav(path, seconds, freq):
