@@ -14,7 +14,7 @@
 # Idempotent: a second run only checks.
 #   --prereqs-only            check (and install) the system packages, then stop
 #   --build-tools             also install what `models build` runs onnxruntime-genai's model
-#                             builder with (torch, transformers, onnx-ir: ~5 GB in the venv),
+#                             builder with (torch, transformers, onnx-ir: ~6 GB in the venv),
 #                             and llama.cpp's checkpoint converter into .onebit/llama-convert
 #                             (sentencepiece in the venv); scripts/test.sh asks for them
 #                             (tests/pull.rs builds and converts real packages)
@@ -99,7 +99,7 @@ TOKENIZERS_VERSION=0.23.3
 HF_HUB_VERSION=2.4.0
 
 # onnxruntime-genai's model builder imports the checkpoint with transformers (on torch) and
-# writes the graph with onnx-ir. PyPI's torch wheel is the CUDA build (~5 GB with its libraries);
+# writes the graph with onnx-ir. PyPI's torch wheel is the CUDA build (~6 GB with its libraries);
 # the builder runs it on the CPU.
 TORCH_VERSION=2.15.0
 TRANSFORMERS_VERSION=5.23.0
@@ -127,7 +127,8 @@ if [ "$build_tools" = 1 ]; then
   fi
 fi
 if [ "$need" -gt 0 ] && [ "${ONEBIT_SETUP_SPACE_CHECK:-1}" != 0 ] && command -v df >/dev/null; then
-  avail_kib="$(df -Pk "$root" | { read -r _; read -r _ _ _ avail _; echo "${avail:-}"; })"
+  # A df that fails (no mount table in some containers) leaves the number empty: no check.
+  avail_kib="$({ df -Pk "$root" 2>/dev/null || true; } | { read -r _; read -r _ _ _ avail _; echo "${avail:-}"; })"
   if [[ "$avail_kib" =~ ^[0-9]+$ ]] && [ "$avail_kib" -lt $((need * 1024 * 1024)) ]; then
     list="$(IFS=';'; echo "${parts[*]}")"
     echo "setup: $((avail_kib / 1024 / 1024)) GiB free on the disk of $root; this setup needs about $need GiB (${list//;/, }). Free some space and run this again (ONEBIT_SETUP_SPACE_CHECK=0 skips this check)" >&2

@@ -458,7 +458,7 @@ fn the_web_page_speaks_in_a_real_browser() {
         .arg(chromium())
         .output()
         .unwrap();
-    expect_all_pass(out, "web_page.py", &server_log, 7);
+    expect_all_pass(out, "web_page.py", &server_log, 8);
 }
 
 /// Runs one phase of tests/python/custom_voices.py; panics with both logs on a failure.

@@ -111,12 +111,15 @@ class Browser:
             self.proc.wait()
             # Each member's children are handed to this process before the member itself can be
             # reaped, so the group is gone once no child of ours is left in it.
+            reaped = 1
             while True:
                 try:
                     os.waitpid(-self.proc.pid, 0)
                 except ChildProcessError:
                     break
+                reaped += 1
             shutil.rmtree(self.profile)
+        return f"{reaped} processes reaped, profile removed"
 
 
 def tone_wav(path, seconds, freq):
@@ -241,7 +244,7 @@ def main():
         check("a voice cloned from the page speaks at once", clone)
         check("a wrong key shows the server's error", wrong_key)
     finally:
-        b.close()
+        check("the browser's processes and its profile are gone", b.close)
     return cases.finish()
 
 
