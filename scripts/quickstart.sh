@@ -10,7 +10,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/setup.sh
+bash scripts/setup.sh --release-build
 cargo build --release --locked
 bin=target/release/onebit-tts
 # The model: the real one `models setup` keeps or pulls (`say`'s default model finds it), else

@@ -18,6 +18,8 @@
 #                             and llama.cpp's checkpoint converter into .onebit/llama-convert
 #                             (sentencepiece in the venv); scripts/test.sh asks for them
 #                             (tests/pull.rs builds and converts real packages)
+#   --release-build           the caller runs `cargo build --release` next (scripts/quickstart.sh):
+#                             the free-space check counts it too
 #   ONEBIT_SETUP_INSTALL=0    never install system packages, even as root: report and stop
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -83,6 +85,8 @@ command -v ccache >/dev/null ||
 [ "${1:-}" = --prereqs-only ] && exit 0
 build_tools=0
 [ "${1:-}" = --build-tools ] && build_tools=1
+release_build=0
+[ "${1:-}" = --release-build ] && release_build=1
 mkdir -p "$home"
 
 ORT_VERSION=1.31.1
@@ -125,6 +129,10 @@ if [ "$build_tools" = 1 ]; then
   if [ ! -d "${CARGO_TARGET_DIR:-$root/target}/debug" ]; then
     need=$((need + 6)); parts+=("the test build in target/ 6 GiB")
   fi
+fi
+# 2.0 GiB measured for a fresh `cargo build --release --locked`.
+if [ "$release_build" = 1 ] && [ ! -d "${CARGO_TARGET_DIR:-$root/target}/release" ]; then
+  need=$((need + 3)); parts+=("the release build in target/ 3 GiB")
 fi
 if [ "$need" -gt 0 ] && [ "${ONEBIT_SETUP_SPACE_CHECK:-1}" != 0 ] && command -v df >/dev/null; then
   # A df that fails (no mount table in some containers) leaves the number empty: no check.

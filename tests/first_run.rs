@@ -182,6 +182,14 @@ fn setup_stops_before_downloading_when_the_disk_is_too_full() {
             ),
         ),
         (
+            &["--release-build"][..],
+            4 * 1024 * 1024 - 1,
+            format!(
+                "setup: 3 GiB free on the disk of {}; this setup needs about 4 GiB (the venv's runtime packages 1 GiB, the release build in target/ 3 GiB). Free some space",
+                root.display()
+            ),
+        ),
+        (
             &[][..],
             1024 * 1024 - 1,
             format!(
@@ -212,7 +220,7 @@ fn setup_stops_before_downloading_when_the_disk_is_too_full() {
     }
     assert_eq!(
         std::fs::read_to_string(&asked).unwrap(),
-        format!("-Pk {0}\n-Pk {0}\n", root.display())
+        format!("-Pk {0}\n", root.display()).repeat(3)
     );
 }
 
