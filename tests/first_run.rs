@@ -13,7 +13,6 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -160,16 +159,13 @@ fn setup_stops_before_downloading_when_the_disk_is_too_full() {
     // A stand-in df: POSIX output with the free KiB the test sets, and a record of what it was
     // asked about.
     let asked = tmp.join("df-args");
-    let df = bin.join("df");
-    std::fs::write(
-        &df,
-        format!(
+    common::write_script(
+        &bin.join("df"),
+        &format!(
             "#!/bin/sh\necho \"$@\" >> '{}'\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\necho \"/dev/vdz 264241152 260000000 $FREE_KIB 99% /\"\n",
             asked.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&df, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     // setup.sh names its root as `pwd` does: the path it was started by, links kept.
     let root = &copy;
     for (args, free_kib, want) in [

@@ -488,10 +488,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// A stand-in executable: a shell script with `body`.
 fn script(path: &Path, body: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    common::write_script(path, &format!("#!/bin/sh\n{body}\n"));
 }
 
 /// scripts/gpu-check.sh refuses a toolchain the bundled llama.cpp cannot build with before it

@@ -79,6 +79,14 @@ pub fn copy_dir(src: &Path, dst: &Path) {
     }
 }
 
+/// A stand-in executable at `path` (parents made): `text` is the whole script, shebang included.
+pub fn write_script(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 pub fn tempdir(tag: &str) -> PathBuf {
     let p = repo()
         .join("target")
