@@ -114,32 +114,30 @@ build_reqs="torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION onnx-ir==$
 stamp="$home/venv/.onebit-reqs"
 reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION huggingface_hub==$HF_HUB_VERSION wyoming==$WYOMING_VERSION websocket-client==$WEBSOCKET_CLIENT_VERSION ${ONEBIT_EXTRA_PIP:-}"
 
+# What is still to install, decided once: the space check counts it, then it is installed.
+install_runtime=0
+[ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ] && install_runtime=1
+install_build_tools=0
+[ "$build_tools" = 1 ] && [ "$(cat "$home/venv/.onebit-build-reqs" 2>/dev/null)" != "$build_reqs" ] &&
+  install_build_tools=1
+target="${CARGO_TARGET_DIR:-$root/target}"
+
 # Free space, checked before anything is downloaded: a full disk otherwise shows as a pip
-# traceback halfway through. Sizes as measured on a fresh clone (pip holds every wheel of an
-# install in its temporary folder while it unpacks them, hence more than the venv grows).
+# traceback halfway through. Sizes from measurements on a fresh clone, rounded up (pip holds
+# every wheel of an install in its temporary folder while it unpacks them, hence more than the
+# venv grows; a fresh `cargo build --release --locked` took 2.0 GiB).
 need=0
-parts=()
-if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
-  need=$((need + 1)); parts+=("the venv's runtime packages 1 GiB")
-fi
-if [ "$build_tools" = 1 ]; then
-  if [ "$(cat "$home/venv/.onebit-build-reqs" 2>/dev/null)" != "$build_reqs" ]; then
-    need=$((need + 9)); parts+=("the model builder's torch with its CUDA libraries 9 GiB")
-  fi
-  if [ ! -d "${CARGO_TARGET_DIR:-$root/target}/debug" ]; then
-    need=$((need + 6)); parts+=("the test build in target/ 6 GiB")
-  fi
-fi
-# 2.0 GiB measured for a fresh `cargo build --release --locked`.
-if [ "$release_build" = 1 ] && [ ! -d "${CARGO_TARGET_DIR:-$root/target}/release" ]; then
-  need=$((need + 3)); parts+=("the release build in target/ 3 GiB")
-fi
+what=""
+count() { need=$((need + $1)); what+="${what:+, }$2 $1 GiB"; }
+[ "$install_runtime" = 1 ] && count 1 "the venv's runtime packages"
+[ "$install_build_tools" = 1 ] && count 9 "the model builder's torch with its CUDA libraries"
+[ "$build_tools" = 1 ] && [ ! -d "$target/debug" ] && count 6 "the test build in target/"
+[ "$release_build" = 1 ] && [ ! -d "$target/release" ] && count 3 "the release build in target/"
 if [ "$need" -gt 0 ] && [ "${ONEBIT_SETUP_SPACE_CHECK:-1}" != 0 ] && command -v df >/dev/null; then
   # A df that fails (no mount table in some containers) leaves the number empty: no check.
   avail_kib="$({ df -Pk "$root" 2>/dev/null || true; } | { read -r _; read -r _ _ _ avail _; echo "${avail:-}"; })"
   if [[ "$avail_kib" =~ ^[0-9]+$ ]] && [ "$avail_kib" -lt $((need * 1024 * 1024)) ]; then
-    list="$(IFS=';'; echo "${parts[*]}")"
-    echo "setup: $((avail_kib / 1024 / 1024)) GiB free on the disk of $root; this setup needs about $need GiB (${list//;/, }). Free some space and run this again (ONEBIT_SETUP_SPACE_CHECK=0 skips this check)" >&2
+    echo "setup: $((avail_kib / 1024 / 1024)) GiB free on the disk of $root; this setup needs about $need GiB ($what). Free some space and run this again (ONEBIT_SETUP_SPACE_CHECK=0 skips this check)" >&2
     exit 1
   fi
 fi
@@ -147,12 +145,12 @@ fi
 if [ ! -x "$home/venv/bin/python" ]; then
   "$py" -m venv "$home/venv"
 fi
-if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
+if [ "$install_runtime" = 1 ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $reqs
   echo "$reqs" > "$stamp"
 fi
 
-if [ "$build_tools" = 1 ] && [ "$(cat "$home/venv/.onebit-build-reqs" 2>/dev/null)" != "$build_reqs" ]; then
+if [ "$install_build_tools" = 1 ]; then
   "$home/venv/bin/pip" install -q --disable-pip-version-check $build_reqs
   echo "$build_reqs" > "$home/venv/.onebit-build-reqs"
 fi
