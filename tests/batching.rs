@@ -393,10 +393,20 @@ fn requests_side_by_side_give_byte_identical_audio_to_each_alone() {
 }
 
 /// An ort backbone that records how many rows each of its runs had: a prefill chunk's tokens,
-/// a step's sequences plus its padding.
+/// a step's sequences plus its padding; with a [`Hold`], it also stops the scheduler at a known
+/// point.
 struct Recorder {
     inner: onebit_tts::engine::OrtBackbone,
     rows: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    hold: Option<Hold>,
+}
+
+/// Fires `cancel` during the `shared_steps`-th step of two or more sequences, and then holds
+/// the close of the last sequence left until `release` gets a message (or its sender is gone).
+struct Hold {
+    shared_steps: usize,
+    cancel: CancelToken,
+    release: mpsc::Receiver<()>,
 }
 
 impl engine::Backbone for Recorder {
@@ -439,12 +449,21 @@ impl engine::BatchBackbone for Recorder {
     }
     fn step_padded(&mut self, tokens: &[u32], pad: usize) -> Result<&[f32], engine::EngineError> {
         self.rows.lock().unwrap().push(tokens.len() + pad);
+        if let Some(h) = self.hold.as_mut().filter(|_| tokens.len() >= 2) {
+            h.shared_steps -= 1;
+            if h.shared_steps == 0 {
+                h.cancel.cancel();
+            }
+        }
         self.inner.step_padded(tokens, pad)
     }
     fn can_pad(&self) -> bool {
         self.inner.can_pad()
     }
     fn close(&mut self, slot: usize, running: usize) -> Result<(), engine::EngineError> {
+        if let Some(h) = self.hold.as_ref().filter(|_| running == 1) {
+            let _ = h.release.recv();
+        }
         self.inner.close(slot, running)
     }
 }
@@ -466,6 +485,7 @@ fn batch_invariant_sampled_takes_are_the_same_alone_and_beside_others() {
             Box::new(LocalEngine(Box::new(Recorder {
                 inner,
                 rows: rows.clone(),
+                hold: None,
             }))),
             Candidates::of(&pkg),
             SchedulerOptions {
@@ -503,6 +523,57 @@ fn batch_invariant_sampled_takes_are_the_same_alone_and_beside_others() {
         rows.iter().all(|&r| r <= 17),
         "prompts ran in chunks alone too"
     );
+}
+
+/// A caller that has heard its generation end is no longer counted in the batch (`/metrics`'
+/// `onebit_batch_size`): the count changes with the batch, not at the end of the scheduler's
+/// turn, which may be a whole step later (under load, a server test once read a finished
+/// request as still running).
+#[test]
+fn a_sequence_leaves_the_batch_count_before_its_caller_hears_that_it_ended() {
+    let (pkg, inner) = common::load_ort(&common::model("tiny"), KvMode::Shared);
+    let cancel = CancelToken::new();
+    let (release, held) = mpsc::channel();
+    let s = Scheduler::start(
+        Box::new(LocalEngine(Box::new(Recorder {
+            inner,
+            rows: Default::default(),
+            // The second shared step: the count already said 2 after the first.
+            hold: Some(Hold {
+                shared_steps: 2,
+                cancel: cancel.clone(),
+                release: held,
+            }),
+        }))),
+        Candidates::of(&pkg),
+        SchedulerOptions {
+            max_batch: 4,
+            prefill_chunk: 16,
+            batch_invariant: false,
+        },
+    )
+    .unwrap();
+    // Dropped before the scheduler, whose drop waits for its thread: a failed assertion must
+    // not leave that thread held in a close.
+    let release = release;
+    let p = prompts(&pkg);
+    let running = || s.stats().running.load(Ordering::Relaxed);
+    // Both share the token, so both end in the step that fires it; the second, in the higher
+    // slot, leaves first, and the scheduler then waits in the first one's close.
+    let first = s.submit(&p[1], &chain(1, 700), &cancel).unwrap();
+    let second = s.submit(&p[3], &chain(2, 700), &cancel).unwrap();
+    let g = second.wait(&mut |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(g.stop, StopReason::Cancelled);
+    assert_eq!(
+        running(),
+        1,
+        "the second is done, the first is still in the batch"
+    );
+    release.send(()).unwrap();
+    let g = first.wait(&mut |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(g.stop, StopReason::Cancelled);
+    assert_eq!(running(), 0, "both are done");
+    assert_eq!(s.stats().peak_batch.load(Ordering::Relaxed), 2);
 }
 
 #[test]

@@ -398,11 +398,14 @@ impl Lane {
         let Some(backbone) = backbone.batch() else {
             return self.one_at_a_time(engine);
         };
+        // Its own handle: the loop below borrows `self` mutably while the batch holds this.
+        let stats = self.stats.clone();
         let mut batch = Batch {
             backbone,
             running: Vec::with_capacity(max_batch),
             prefill: None,
             invariant,
+            stats: &stats,
         };
         loop {
             let idle = batch.running.is_empty() && batch.prefill.is_none();
@@ -421,11 +424,8 @@ impl Lane {
             };
             batch.prefill_some(take);
             if !batch.running.is_empty() {
-                batch.step(&self.stats);
+                batch.step();
             }
-            self.stats
-                .running
-                .store(batch.running.len(), Ordering::Relaxed);
         }
     }
 
@@ -453,6 +453,7 @@ struct Batch<'b> {
     prefill: Option<Prefill>,
     /// Lone sequences' steps are padded to two rows.
     invariant: bool,
+    stats: &'b SchedulerStats,
 }
 
 impl Batch<'_> {
@@ -489,18 +490,22 @@ impl Batch<'_> {
         }
         let advanced = p.seq.advance(logits, &p.job.cancel, &mut p.job.on_code());
         match advanced {
-            Ok(Some(next)) => self.running.push(Running {
-                job: p.job,
-                seq: p.seq,
-                next,
-            }),
+            Ok(Some(next)) => {
+                self.running.push(Running {
+                    job: p.job,
+                    seq: p.seq,
+                    next,
+                });
+                self.publish();
+            }
             Ok(None) => p.job.done(Ok(p.seq.finish())),
             Err(e) => p.job.done(Err(e.into())),
         }
     }
 
     /// One decode step for the whole running batch; sequences that end leave it.
-    fn step(&mut self, stats: &SchedulerStats) {
+    fn step(&mut self) {
+        let stats = self.stats;
         // Cancelled sequences leave before the step, not after paying for it.
         let mut i = 0;
         while i < self.running.len() {
@@ -549,6 +554,15 @@ impl Batch<'_> {
         }
     }
 
+    /// Shows the batch's size in the stats. Called as the batch changes, before any job that left
+    /// it hears that it is done: a caller that has its answer must never still be counted in
+    /// the batch.
+    fn publish(&self) {
+        self.stats
+            .running
+            .store(self.running.len(), Ordering::Relaxed);
+    }
+
     /// Takes the sequence in slot `i` out of the batch: the last running one moves into its slot,
     /// and a prefill in progress moves down into the slot that frees, so it stays right after
     /// the running ones. `None` when moving a cache failed and every sequence was ended.
@@ -559,6 +573,7 @@ impl Batch<'_> {
             None => Ok(()),
         });
         let r = self.running.swap_remove(i);
+        self.publish();
         if let Err(e) = moved {
             r.job.done(Err(again(&e).into()));
             self.fail_all(&e);
@@ -572,7 +587,9 @@ impl Batch<'_> {
     fn fail_all(&mut self, e: &EngineError) {
         let n = self.running.len() + usize::from(self.prefill.is_some());
         tracing::warn!("a batched run failed; ending the {n} sequences in the batch: {e}");
-        for r in self.running.drain(..) {
+        let running = std::mem::take(&mut self.running);
+        self.publish();
+        for r in running {
             r.job.done(Err(again(e).into()));
         }
         if let Some(p) = self.prefill.take() {
