@@ -1452,6 +1452,8 @@ async fn a_failing_engine_answers_503_and_the_server_stays_up() {
         let text = metrics_text(&c, &s).await;
         assert_eq!(metric(&text, "onebit_requests_total{status=\"503\"}"), 2.0);
         assert_eq!(metric(&text, "onebit_running"), 0.0);
+        // A panic ends the scheduler with nothing counted in it.
+        assert_eq!(metric(&text, "onebit_batch_size"), 0.0);
         s.stop().await;
     }
 }

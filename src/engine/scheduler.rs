@@ -355,7 +355,9 @@ impl Lane {
             let Some(job) = self.waiting.pop_front() else {
                 continue;
             };
-            self.stats.running.store(1, Ordering::Relaxed);
+            // Declared after the job: should the engine panic, the count drops before the job's
+            // channel does, so its caller never hears of the end while it is still counted.
+            let counted = Counted::new(&self.stats, 1);
             // One token for the engine that fires with either of the job's: a caller that stops
             // listening ends the prefill too, not only the steps after it.
             let either = CancelToken::new();
@@ -375,7 +377,7 @@ impl Lane {
                     retry_after: engine.retry_delay(&error),
                     error,
                 });
-            self.stats.running.store(0, Ordering::Relaxed);
+            drop(counted);
             job.done(result);
         }
     }
@@ -401,11 +403,11 @@ impl Lane {
         // Its own handle: the loop below borrows `self` mutably while the batch holds this.
         let stats = self.stats.clone();
         let mut batch = Batch {
+            count: Counted::new(&stats, 0),
             backbone,
             running: Vec::with_capacity(max_batch),
             prefill: None,
             invariant,
-            stats: &stats,
         };
         loop {
             let idle = batch.running.is_empty() && batch.prefill.is_none();
@@ -445,15 +447,38 @@ impl Lane {
     }
 }
 
+/// The scheduler's running count while it lives: zero again when dropped, on a panic too.
+struct Counted<'s>(&'s SchedulerStats);
+
+impl<'s> Counted<'s> {
+    fn new(stats: &'s SchedulerStats, running: usize) -> Self {
+        let counted = Self(stats);
+        counted.set(running);
+        counted
+    }
+
+    fn set(&self, running: usize) {
+        self.0.running.store(running, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.running.store(0, Ordering::Relaxed);
+    }
+}
+
 /// The running batch: sequences in slots `0..running.len()` of the backbone's cache, and the one
 /// being prefilled, always in the slot right after them.
 struct Batch<'b> {
+    /// First, so that it is dropped first: after a panic the count is zero before the running
+    /// jobs' channels close.
+    count: Counted<'b>,
     backbone: &'b mut dyn BatchBackbone,
     running: Vec<Running>,
     prefill: Option<Prefill>,
     /// Lone sequences' steps are padded to two rows.
     invariant: bool,
-    stats: &'b SchedulerStats,
 }
 
 impl Batch<'_> {
@@ -505,7 +530,7 @@ impl Batch<'_> {
 
     /// One decode step for the whole running batch; sequences that end leave it.
     fn step(&mut self) {
-        let stats = self.stats;
+        let stats = self.count.0;
         // Cancelled sequences leave before the step, not after paying for it.
         let mut i = 0;
         while i < self.running.len() {
@@ -558,9 +583,7 @@ impl Batch<'_> {
     /// it hears that it is done: a caller that has its answer must never still be counted in
     /// the batch.
     fn publish(&self) {
-        self.stats
-            .running
-            .store(self.running.len(), Ordering::Relaxed);
+        self.count.set(self.running.len());
     }
 
     /// Takes the sequence in slot `i` out of the batch: the last running one moves into its slot,
