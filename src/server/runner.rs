@@ -68,25 +68,31 @@ pub(super) async fn run_job(
     deadline: Instant,
 ) {
     let timeout = st.cfg.request_timeout;
+    // However a request ends, it leaves the gauges (drops its admission) before its end is
+    // counted or told: whoever sees a drop reason or the answer sees the place free.
     let permit = tokio::select! {
         p = st.gate.clone().acquire_owned() => p,
         _ = tx.closed() => {
+            drop(admission);
             st.metrics.dropped("client_gone_queued");
             return;
         }
         _ = tokio::time::sleep_until(deadline) => {
+            drop(admission);
             st.metrics.dropped("timeout_queued");
             let _ = tx.send(Chunk::Done(Err(ApiError::timed_out(timeout)))).await;
             return;
         }
     };
     let Ok(permit) = permit else {
+        drop(admission);
         st.metrics.dropped("shutdown");
         let _ = tx.send(Chunk::Done(Err(ApiError::shutting_down()))).await;
         return;
     };
     if token.is_cancelled() {
         // Cancelled while waiting: by shutdown (a gone client closes the channel instead).
+        drop(admission);
         st.metrics.dropped("shutdown");
         let _ = tx.send(Chunk::Done(Err(ApiError::shutting_down()))).await;
         return;
@@ -135,15 +141,20 @@ pub(super) async fn run_job(
         }
     };
     drop(permit);
+    // The generation is counted while the request still runs: whoever sees it gone sees its
+    // generation counted too.
+    if let Ok((Ok(report), _)) = &result {
+        st.metrics.generated(
+            report.codes.len(),
+            report.audio_seconds(),
+            &report.timings,
+            report.stop,
+        );
+    }
+    drop(admission);
     let done = match result {
         Ok((Ok(report), too_large)) => {
             let cancelled = report.stop == StopReason::Cancelled;
-            st.metrics.generated(
-                report.codes.len(),
-                report.audio_seconds(),
-                &report.timings,
-                report.stop,
-            );
             if deadline_passed && cancelled {
                 st.metrics.dropped("timeout_running");
                 Err(ApiError::timed_out(timeout))
@@ -182,6 +193,5 @@ pub(super) async fn run_job(
             )))
         }
     };
-    drop(admission);
     let _ = tx.send(Chunk::Done(done)).await;
 }
