@@ -712,8 +712,7 @@ fn no_second_worker_starts_beside_a_hung_npu_holder_until_it_exits() {
 }
 
 /// GET /health of a server over `synth`.
-async fn health_of(synth: Synthesizer) -> (u16, serde_json::Value) {
-    let synth = std::sync::Arc::new(synth);
+async fn health_of(synth: std::sync::Arc<Synthesizer>) -> (u16, serde_json::Value) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -770,7 +769,9 @@ async fn health_shows_the_worker_state_and_is_503_while_waiting_for_a_holder_to_
     let synth = tokio::task::spawn_blocking(move || synth_with(w))
         .await
         .expect("synth");
-    let (status, health) = health_of(synth).await;
+    // Kept past the server: its engine's watchdog is what reaps the holder once it exits.
+    let synth = std::sync::Arc::new(synth);
+    let (status, health) = health_of(synth.clone()).await;
     assert_eq!(status, 503, "{health}");
     assert_eq!(health["status"], "unavailable");
     assert_eq!(health["ready"], false);
@@ -784,15 +785,14 @@ async fn health_shows_the_worker_state_and_is_503_while_waiting_for_a_holder_to_
             ))),
         "{health}"
     );
-    // Cleanup: the holder takes its pending SIGTERM and exits. The engine went with the server
-    // (a dropped engine lets a left-running holder be), so the test reaps it.
+    // The holder takes its pending SIGTERM and exits; the engine, still there, sees it end.
     kill(pid, libc::SIGCONT);
-    let mut wstatus = 0;
-    // SAFETY: waitpid on a child of this process that nothing else reaps any more.
-    let reaped = unsafe { libc::waitpid(pid as i32, &mut wstatus, 0) };
-    assert_eq!(reaped, pid as i32);
-    assert!(libc::WIFEXITED(wstatus) && libc::WEXITSTATUS(wstatus) == 0);
+    assert_eq!(
+        h.wait_ending(pid, Duration::from_secs(10)),
+        Some(Ending::Exit(0))
+    );
     assert!(h.pid().is_none());
+    drop(synth);
     let _ = fs::remove_dir_all(&t);
 
     // A worker that serves: 200, "ready" with its pid.
@@ -801,7 +801,7 @@ async fn health_shows_the_worker_state_and_is_503_while_waiting_for_a_holder_to_
         .expect("load")
         .expect("worker");
     let pid = synth.worker().and_then(WorkerHandle::pid).expect("pid");
-    let (status, health) = health_of(synth).await;
+    let (status, health) = health_of(std::sync::Arc::new(synth)).await;
     assert_eq!(status, 200, "{health}");
     assert_eq!(
         health["worker"],
