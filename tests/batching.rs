@@ -461,7 +461,11 @@ impl engine::BatchBackbone for Recorder {
         self.inner.can_pad()
     }
     fn close(&mut self, slot: usize, running: usize) -> Result<(), engine::EngineError> {
-        if let Some(h) = self.hold.as_ref().filter(|_| running == 1) {
+        if let Some(h) = self
+            .hold
+            .as_ref()
+            .filter(|h| running == 1 && h.shared_steps == 0)
+        {
             let _ = h.release.recv();
         }
         self.inner.close(slot, running)

@@ -1265,12 +1265,17 @@ async fn a_client_that_disconnects_mid_stream_cancels_its_generation() {
     assert!(!first.is_empty());
     drop(r);
 
-    // The generation stops early, and is counted as cancelled.
-    wait_metric(&c, &s, "onebit_generations_cancelled_total", |v| v == 1.0).await;
-    // The generation is counted when it ends; the request leaves `running` when its handler
-    // returns, a moment later (a read in between sees both).
-    let text = wait_metric(&c, &s, "onebit_running", |v| v == 0.0).await;
+    // The generation stops early and is counted as cancelled; its request then leaves
+    // `running`, and last its drop reason is counted.
+    let text = wait_metric(
+        &c,
+        &s,
+        "onebit_requests_dropped_total{reason=\"client_gone_running\"}",
+        |v| v == 1.0,
+    )
+    .await;
     assert_eq!(metric(&text, "onebit_generations_cancelled_total"), 1.0);
+    assert_eq!(metric(&text, "onebit_running"), 0.0);
     let stopped_at = metric(&text, "onebit_codes_generated_total");
     assert!(
         stopped_at > 0.0 && stopped_at < long as f64,
