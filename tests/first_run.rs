@@ -316,3 +316,44 @@ fn a_clean_copy_ships_the_voices_and_says_dave() {
     assert!(wav.len() > 0);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Repeated test runs do not pile up scratch: each test process's directories under
+/// target/test-tmp stay after it ends (for a look after a failure), and a later process's first
+/// `common::tempdir` removes those of processes that have ended, never a live one's.
+#[test]
+fn scratch_of_ended_test_processes_is_swept_and_a_live_ones_kept() {
+    let root = common::tempdir("sweep");
+    let ended = {
+        let mut c = Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        pid
+    };
+    // Alive until its stdin closes.
+    let mut live = Command::new("cat")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let names = [
+        format!("models-{ended}"),
+        format!("build-int4-{ended}"),
+        format!("say-{}", std::process::id()),
+        format!("pull-{}", live.id()),
+        "notes-v2".to_string(),
+        "loose".to_string(),
+    ];
+    for n in &names {
+        std::fs::create_dir_all(root.join(n).join("inner")).unwrap();
+    }
+    common::sweep_ended(&root);
+    let mut left: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    let mut want = names[2..].to_vec();
+    want.sort();
+    assert_eq!(left, want);
+    drop(live.stdin.take());
+    live.wait().unwrap();
+}

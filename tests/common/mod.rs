@@ -87,14 +87,38 @@ pub fn write_script(path: &Path, text: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// A scratch directory for this test process, under target/test-tmp: `<tag>-<pid>`, so test
+/// binaries running side by side never share one. It stays when the process ends (after a
+/// failure, `cargo test` stops there and the scratch is there to look at); the first call in a
+/// later test process removes those of processes that have ended, which otherwise piled up by
+/// the gigabyte (packages, builds, converted models) with every run.
 pub fn tempdir(tag: &str) -> PathBuf {
-    let p = repo()
-        .join("target")
-        .join("test-tmp")
-        .join(format!("{tag}-{}", std::process::id()));
+    let root = repo().join("target").join("test-tmp");
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep_ended(&root));
+    let p = root.join(format!("{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&p);
     std::fs::create_dir_all(&p).unwrap();
     p
+}
+
+/// Removes the `<tag>-<pid>` directories in `root` whose process has ended.
+pub fn sweep_ended(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.rsplit_once('-'))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !Path::new("/proc").join(pid.to_string()).exists()
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 // ---- Signal helpers shared by the audio tests. ----
