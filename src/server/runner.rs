@@ -56,6 +56,23 @@ fn send_or_cancel(tx: &mpsc::Sender<Chunk>, mut chunk: Chunk, token: &CancelToke
     }
 }
 
+/// Ends a request that never reached the engine: it leaves the gauges (drops its admission),
+/// then `reason` is counted, then its client hears `answer` (none when it has gone). In this
+/// order, so that whoever sees the reason or the answer sees the place free.
+async fn end_queued(
+    st: &AppState,
+    tx: &mpsc::Sender<Chunk>,
+    admission: Admission,
+    reason: &str,
+    answer: Option<ApiError>,
+) {
+    drop(admission);
+    st.metrics.dropped(reason);
+    if let Some(e) = answer {
+        let _ = tx.send(Chunk::Done(Err(e))).await;
+    }
+}
+
 /// Waits for the engine, then runs the synthesis on a blocking thread, sending chunks. Ends early
 /// when the client goes away while waiting, and cancels the generation at the deadline. Every
 /// way an admitted request ends without its audio is counted by reason.
@@ -68,35 +85,24 @@ pub(super) async fn run_job(
     deadline: Instant,
 ) {
     let timeout = st.cfg.request_timeout;
-    // However a request ends, it leaves the gauges (drops its admission) before its end is
-    // counted or told: whoever sees a drop reason or the answer sees the place free.
     let permit = tokio::select! {
         p = st.gate.clone().acquire_owned() => p,
         _ = tx.closed() => {
-            drop(admission);
-            st.metrics.dropped("client_gone_queued");
-            return;
+            return end_queued(&st, &tx, admission, "client_gone_queued", None).await;
         }
         _ = tokio::time::sleep_until(deadline) => {
-            drop(admission);
-            st.metrics.dropped("timeout_queued");
-            let _ = tx.send(Chunk::Done(Err(ApiError::timed_out(timeout)))).await;
-            return;
+            let answer = ApiError::timed_out(timeout);
+            return end_queued(&st, &tx, admission, "timeout_queued", Some(answer)).await;
         }
     };
-    let Ok(permit) = permit else {
-        drop(admission);
-        st.metrics.dropped("shutdown");
-        let _ = tx.send(Chunk::Done(Err(ApiError::shutting_down()))).await;
-        return;
+    // Closed, or cancelled while waiting: by shutdown (a gone client closes the channel instead).
+    let permit = match permit {
+        Ok(permit) if !token.is_cancelled() => permit,
+        _ => {
+            let answer = ApiError::shutting_down();
+            return end_queued(&st, &tx, admission, "shutdown", Some(answer)).await;
+        }
     };
-    if token.is_cancelled() {
-        // Cancelled while waiting: by shutdown (a gone client closes the channel instead).
-        drop(admission);
-        st.metrics.dropped("shutdown");
-        let _ = tx.send(Chunk::Done(Err(ApiError::shutting_down()))).await;
-        return;
-    }
     admission.start();
     let st2 = st.clone();
     let tx2 = tx.clone();
@@ -141,8 +147,8 @@ pub(super) async fn run_job(
         }
     };
     drop(permit);
-    // The generation is counted while the request still runs: whoever sees it gone sees its
-    // generation counted too.
+    // The order of end_queued, with the generation counted first, while the request still
+    // runs: whoever sees it gone sees its generation counted too.
     if let Ok((Ok(report), _)) = &result {
         st.metrics.generated(
             report.codes.len(),
