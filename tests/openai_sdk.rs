@@ -263,6 +263,29 @@ fn post_unread(addr: SocketAddr, body: &serde_json::Value) -> TcpStream {
     s
 }
 
+/// Reads metric `name` every 20 ms until `done` takes its value (at most STARTUP; the server's
+/// log on failure), and returns that value.
+fn wait_metric(
+    addr: SocketAddr,
+    name: &str,
+    mut done: impl FnMut(f64) -> bool,
+    server_log: &Path,
+) -> f64 {
+    let start = Instant::now();
+    loop {
+        let v = metric(addr, name);
+        if done(v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < STARTUP,
+            "{name} still {v} after {STARTUP:?}:\n{}",
+            log(server_log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A metric's value from /metrics (0 when absent).
 fn metric(addr: SocketAddr, name: &str) -> f64 {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -320,49 +343,30 @@ fn four_clients_that_never_read_keep_memory_bounded() {
     warm.read_exact(&mut head).unwrap();
     assert_eq!(&head, b"HTTP/1.1 200");
     drop(warm);
-    let settled = Instant::now();
-    while metric(addr, "onebit_running") > 0.0 {
-        assert!(settled.elapsed() < STARTUP);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_metric(addr, "onebit_running", |v| v == 0.0, &server_log);
     let base = rss(pid);
     let clients: Vec<TcpStream> = (0..4)
         .map(|i| post_unread(addr, &req(i, i % 2 == 1)))
         .collect();
-    let start = Instant::now();
     let mut peak = base;
     // Until all four connections were cut off by the write timeout.
-    while metric(
+    wait_metric(
         addr,
         "onebit_connections_closed_total{reason=\"write_timeout\"}",
-    ) < 4.0
-    {
-        peak = peak.max(rss(pid));
-        assert!(
-            start.elapsed() < STARTUP,
-            "not all four were cut off:\n{}",
-            log(&server_log)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        |closed| {
+            peak = peak.max(rss(pid));
+            closed >= 4.0
+        },
+        &server_log,
+    );
     // A stream's generation stops at its next step after its connection is gone, and only then
     // is it counted: wait for both.
-    let closed = Instant::now();
-    let dropped = loop {
-        let dropped = metric(
-            addr,
-            "onebit_requests_dropped_total{reason=\"client_gone_running\"}",
-        );
-        if dropped >= 2.0 {
-            break dropped;
-        }
-        assert!(
-            closed.elapsed() < STARTUP,
-            "{dropped} of the 2 streams stopped:\n{}",
-            log(&server_log)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let dropped = wait_metric(
+        addr,
+        "onebit_requests_dropped_total{reason=\"client_gone_running\"}",
+        |stopped| stopped >= 2.0,
+        &server_log,
+    );
     let codes = metric(addr, "onebit_codes_generated_total");
     drop(clients);
     let growth = peak.saturating_sub(base);
