@@ -11,6 +11,8 @@
 #                         int32 attention mask
 #   models/tiny-random-exact  models/tiny-random's weights with MatMulNBits computing in float32
 #                         (accuracy level 0): the reference the llama engine's logits follow
+#   models/tiny-nomask    the chain with no attention_mask input (a position_ids input instead):
+#                         onnxruntime-genai feeds a mask only where the graph declares one
 #   models/tiny-gguf      GGUF packages of models/tiny and models/tiny-random for --engine llama:
 #   models/tiny-random-gguf  tools/onnx_to_gguf.py with every weight float32 (the int4 blocks
 #                         dequantised exactly), beside the source's tokenizer, configs and codec
@@ -34,6 +36,7 @@ cd "$root"
 "$py" tools/gen_models.py --out models/tiny-static-f16 --variant chain --kv-len 512 \
   --kv-dtype float16 --last-logits --mask-dtype int32
 "$py" tools/gen_models.py --out models/tiny-random-exact --variant random --accuracy-level 0
+"$py" tools/gen_models.py --out models/tiny-nomask --variant chain --mask-dtype none
 for src in tiny tiny-random; do
   out="models/$src-gguf"
   rm -rf "$out.partial" && mkdir -p "$out.partial"

@@ -73,6 +73,9 @@ pub struct RunNumbers {
     pub codec_ms: f64,
     pub encode_ms: f64,
     pub total_ms: f64,
+    /// On the NPU: commands its driver counted as completed for this run (`None`: not on the
+    /// NPU, or not countable there).
+    pub npu_commands: Option<u64>,
 }
 
 impl RunNumbers {
@@ -101,6 +104,7 @@ impl RunNumbers {
             codec_ms: ms(t.codec),
             encode_ms: ms(t.encode),
             total_ms: ms(t.total),
+            npu_commands: None,
         }
     }
 }

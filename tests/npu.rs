@@ -23,6 +23,7 @@ use onebit_tts::npu::env::{EnvInputs, EnvPlan, Unchanged, XrtSource, worker_env}
 use onebit_tts::npu::residency::{
     Evidence, Placement, ResidencyState, read_mem_usage, sample_accel, sample_mem_usage, weigh_npu,
 };
+use onebit_tts::npu::xdna::{CountersError, DriverVersion, HwContext, HwContexts, Query};
 use onebit_tts::npu::{NpuError, PROVIDER_FILE, PROVIDER_NAME, Status, SystemRoots, holds_accel};
 
 struct TempDir(PathBuf);
@@ -63,6 +64,8 @@ fn env_inputs(worker_dir: &Path) -> EnvInputs {
         xrt_root_knob: None,
         xilinx_xrt: None,
         ld_library_path: None,
+        ryzenai_ep_path: None,
+        system_lib_dir: Some("/lib/x86_64-linux-gnu".into()),
         worker_exe: worker_dir.join("onebit-tts"),
     }
 }
@@ -72,7 +75,7 @@ fn vars(plan: &EnvPlan) -> Vec<(&'static str, OsString)> {
 }
 
 #[test]
-fn env_venv_lib_first_when_the_worker_has_no_provider_copy() {
+fn env_in_amds_order_when_the_worker_has_no_provider_copy() {
     let t = TempDir::new("env-plain");
     let mut i = env_inputs(&t.0);
     i.ld_library_path = Some("/usr/local/lib".into());
@@ -84,7 +87,8 @@ fn env_venv_lib_first_when_the_worker_has_no_provider_copy() {
             (
                 "LD_LIBRARY_PATH",
                 OsString::from(
-                    "/opt/xilinx/xrt/lib:/opt/ryzenai/venv/deployment/lib:/usr/local/lib"
+                    "/lib/x86_64-linux-gnu:/opt/ryzenai/venv/deployment/lib:/opt/xilinx/xrt/lib:\
+                     /usr/local/lib"
                 )
             ),
             (
@@ -111,7 +115,7 @@ fn env_worker_dir_before_venv_lib_when_the_provider_is_beside_it() {
     assert_eq!(
         w.ld_library_path,
         OsString::from(format!(
-            "/usr/xrt/lib:{}:/opt/ryzenai/venv/deployment/lib",
+            "/lib/x86_64-linux-gnu:{}:/opt/ryzenai/venv/deployment/lib:/usr/xrt/lib",
             t.0.display()
         ))
     );
@@ -132,7 +136,7 @@ fn env_knob_beats_xilinx_xrt_and_duplicates_go() {
     assert_eq!(w.xrt_source, XrtSource::Knob);
     assert_eq!(
         w.ld_library_path,
-        OsString::from("/x/xrt/lib:/opt/ryzenai/venv/deployment/lib:/a")
+        OsString::from("/lib/x86_64-linux-gnu:/opt/ryzenai/venv/deployment/lib:/x/xrt/lib:/a")
     );
 }
 
@@ -167,8 +171,8 @@ fn env_reaches_a_real_child() {
     let out = cmd.output().expect("sh");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "/opt/xilinx/xrt|/opt/xilinx/xrt/lib:/opt/ryzenai/venv/deployment/lib|\
-         /opt/ryzenai/venv/deployment/lib/libonnxruntime_providers_ryzenai.so"
+        "/opt/xilinx/xrt|/lib/x86_64-linux-gnu:/opt/ryzenai/venv/deployment/lib:\
+         /opt/xilinx/xrt/lib|/opt/ryzenai/venv/deployment/lib/libonnxruntime_providers_ryzenai.so"
     );
 }
 
@@ -203,6 +207,33 @@ impl Host for Answers {
         Err(NpuError::Command {
             program: program.display().to_string(),
             reason: "not in this test".into(),
+        })
+    }
+    fn modinfo(&self, _module: &str) -> Result<String, NpuError> {
+        Ok(
+            "filename:       /lib/modules/6.18.0/kernel/drivers/accel/amdxdna/amdxdna.ko.zst\n"
+                .into(),
+        )
+    }
+    /// A mainline driver with one other process's context (the fake tree's node is a plain
+    /// file, on which the real query answers ENOTTY: the doctor's unit tests cover that).
+    fn hw_contexts(&self, _node: &Path) -> Result<HwContexts, CountersError> {
+        Ok(HwContexts {
+            driver: DriverVersion {
+                name: "amdxdna_accel_driver".into(),
+                major: 0,
+                minor: 6,
+                patch: 0,
+            },
+            query: Query::GetArray,
+            contexts: vec![HwContext {
+                context_id: 1,
+                pid: 77,
+                start_col: 0,
+                num_col: 4,
+                command_submissions: 10,
+                command_completions: 10,
+            }],
         })
     }
 }
@@ -293,7 +324,7 @@ fn doctor_passes_a_ready_box() {
         "{text}"
     );
     assert!(
-        text.ends_with("npu doctor: 17 pass, 0 warn, 0 fail, 1 skip\n"),
+        text.ends_with("npu doctor: 19 pass, 0 warn, 0 fail, 1 skip\n"),
         "{text}"
     );
 }
@@ -362,15 +393,25 @@ fn fake_fdinfo(roots: &SystemRoots, pid: u32, busy_ns: u64) {
     );
 }
 
+/// `nodes` on the provider holding 90% of the weights, 26 on the CPU holding the rest.
 fn placed_on_npu(nodes: usize) -> Option<Placement> {
-    Some(Placement(
-        [
+    Some(Placement {
+        nodes: [
             (PROVIDER_NAME.to_owned(), nodes),
             ("CPUExecutionProvider".to_owned(), 26),
         ]
         .into_iter()
         .collect(),
-    ))
+        weight_bytes: Some(
+            [
+                (PROVIDER_NAME.to_owned(), 900),
+                ("CPUExecutionProvider".to_owned(), 100),
+            ]
+            .into_iter()
+            .collect(),
+        ),
+        total_weight_bytes: Some(1000),
+    })
 }
 
 #[test]
@@ -396,10 +437,12 @@ fn residency_proven_from_placement_and_the_workers_own_busy_time() {
     assert_eq!(r.state, ResidencyState::Proven, "{r}");
     assert_eq!(
         r.to_string(),
-        "npu residency: proven: ONNX Runtime placed 3 of 29 nodes on \
-         RyzenAILightExecutionProvider (CPUExecutionProvider: 26, \
-         RyzenAILightExecutionProvider: 3); the NPU was busy 900000 ns for this worker over 8 \
-         decode steps (drm-engine-*)"
+        "npu residency: proven: ONNX Runtime placed 3 of 29 nodes, 90.0% of the weights, on \
+         RyzenAILightExecutionProvider (CPUExecutionProvider: 26 nodes, 10.0% of weights, \
+         RyzenAILightExecutionProvider: 3 nodes, 90.0% of weights); the NPU was busy 900000 ns \
+         for this worker over 8 decode steps (drm-engine-*); the worker's accel memory 2097152 \
+         -> 2097152 bytes (supporting detail, proves nothing alone); device-wide NPU mem_usage \
+         not readable (not every driver has it)"
     );
 }
 
@@ -418,7 +461,7 @@ fn an_open_accel_fd_without_placement_proves_nothing() {
     fake_fdinfo(&roots, 4321, 2_000);
     write(&roots.mem_usage(), "734003200\n");
     let r = weigh_npu(Evidence {
-        placement: Some(Placement(
+        placement: Some(Placement::of_nodes(
             [("CPUExecutionProvider".to_owned(), 29)]
                 .into_iter()
                 .collect(),
@@ -429,6 +472,7 @@ fn an_open_accel_fd_without_placement_proves_nothing() {
         mem_usage_before: mem_before,
         mem_usage_after: sample_mem_usage(&roots, &mut notes),
         notes,
+        ..Evidence::default()
     });
     assert_eq!(r.state, ResidencyState::Unproven, "{r}");
     assert!(
@@ -454,7 +498,7 @@ fn an_open_accel_fd_without_placement_proves_nothing() {
     assert_eq!(r.state, ResidencyState::Unproven);
     let text = r.to_string();
     assert!(text.contains("holds no readable accel fd"), "{text}");
-    assert!(text.contains("mem_usage is not readable"), "{text}");
+    assert!(text.contains("mem_usage not readable"), "{text}");
     assert!(text.contains("accel usage of pid 999999"), "{text}");
     assert!(read_mem_usage(&roots).is_err());
 }

@@ -80,7 +80,9 @@ fn probe_on_a_declining_provider_says_unproven_and_everything_reached_it() {
         "{reasons}"
     );
     // ONNX Runtime's own placement: every node on the CPU.
-    let placement = j["placement"].as_object().expect("placement observed");
+    let placement = j["placement"]["nodes"]
+        .as_object()
+        .expect("placement observed");
     assert_eq!(placement.len(), 1, "{placement:?}");
     assert!(placement["CPUExecutionProvider"].as_u64().unwrap() > 0);
 
@@ -144,12 +146,33 @@ fn probe_on_a_claiming_provider_sees_the_nodes_but_no_device_activity() {
         .as_u64()
         .unwrap();
     assert!(claimed > 0);
-    assert_eq!(j["placement"][PROVIDER].as_u64(), Some(claimed));
+    assert_eq!(j["placement"]["nodes"][PROVIDER].as_u64(), Some(claimed));
     assert!(!event(&records(&rec), "compute").is_empty());
     assert_eq!(j["residency"]["state"], "unproven");
     let reasons = j["residency"]["reasons"].to_string();
     assert!(!reasons.contains("declined"), "{reasons}");
     assert!(reasons.contains("no readable accel fd"), "{reasons}");
+    // The nodes it claimed (Add/Mul of activations) hold none of the model's weights: by
+    // weight, the model is on the CPU.
+    let total = j["placement"]["total_weight_bytes"]
+        .as_u64()
+        .expect("weighed");
+    assert!(total > 0, "{j}");
+    let on_provider = j["placement"]["weight_bytes"][PROVIDER]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(on_provider * 2 < total, "{j}");
+    assert!(
+        reasons.contains("of the weights (at least 50% needed"),
+        "{reasons}"
+    );
+    // The worker holds no accel fd in this tree: no hardware context of its own, and so no
+    // counters to read; never a pass.
+    assert_eq!(j["npu_counters"]["state"], "unavailable", "{j}");
+    assert!(
+        reasons.contains("hardware-context counters unavailable: this process holds no fd on"),
+        "{reasons}"
+    );
 }
 
 #[test]
@@ -283,7 +306,7 @@ async fn health_reports_the_fallback_and_its_evidence() {
     assert_eq!(health["device"], "cpu fallback");
     assert_eq!(health["residency"]["state"], "unproven");
     assert!(
-        health["residency"]["evidence"]["placement"]["CPUExecutionProvider"]
+        health["residency"]["evidence"]["placement"]["nodes"]["CPUExecutionProvider"]
             .as_u64()
             .is_some_and(|n| n > 0),
         "{health}"

@@ -47,6 +47,8 @@ fn cpu_config() -> WorkerConfig {
             xrt_root_knob: None,
             xilinx_xrt: None,
             ld_library_path: std::env::var_os("LD_LIBRARY_PATH"),
+            ryzenai_ep_path: None,
+            system_lib_dir: None,
             worker_exe: common::bin(),
         },
         stop: StopPolicy {
@@ -1075,6 +1077,8 @@ fn npu_inputs(t: &Tree, worker_exe: PathBuf) -> EnvInputs {
         xrt_root_knob: Some(t.xrt.clone()),
         xilinx_xrt: Some("/elsewhere/xrt".into()),
         ld_library_path: Some("/usr/local/lib:/opt/other".into()),
+        ryzenai_ep_path: None,
+        system_lib_dir: Some("/lib/x86_64-linux-gnu".into()),
         worker_exe,
     }
 }
@@ -1117,9 +1121,9 @@ fn the_npu_worker_gets_exactly_the_planned_environment() {
         env[0].1.as_deref(),
         Some(
             format!(
-                "{}:{}:/usr/local/lib:/opt/other",
-                t.xrt.join("lib").display(),
-                t.venv.join("deployment/lib").display()
+                "/lib/x86_64-linux-gnu:{}:{}:/usr/local/lib:/opt/other",
+                t.venv.join("deployment/lib").display(),
+                t.xrt.join("lib").display()
             )
             .as_str()
         )
@@ -1145,7 +1149,7 @@ fn the_npu_worker_gets_exactly_the_planned_environment() {
     let ld = env[0].1.clone().expect("LD_LIBRARY_PATH");
     assert!(
         ld.starts_with(&format!(
-            "/elsewhere/xrt/lib:{}:{}",
+            "/lib/x86_64-linux-gnu:{}:{}:/elsewhere/xrt/lib",
             bin_dir.display(),
             t.venv.join("deployment/lib").display()
         )),
@@ -1162,6 +1166,24 @@ fn the_npu_worker_gets_exactly_the_planned_environment() {
     assert!(
         err.to_string()
             .contains(&bin_dir.join(PROVIDER_FILE).display().to_string())
+    );
+
+    // A RYZENAI_EP_PATH the user exported reaches the worker as it is, and the provider is
+    // registered from it.
+    let mine = t.root.join("mine").join(PROVIDER_FILE);
+    let mut inputs = npu_inputs(&t, common::bin());
+    inputs.ryzenai_ep_path = Some(mine.clone());
+    let (env, err) = npu_worker(&t, inputs);
+    assert_eq!(
+        env[1],
+        (
+            "RYZENAI_EP_PATH".to_owned(),
+            Some(mine.display().to_string())
+        )
+    );
+    assert!(
+        err.to_string().contains(&mine.display().to_string()),
+        "{err}"
     );
 
     // The knob unset: the worker inherits this process's environment unchanged.

@@ -627,9 +627,23 @@ def build_decoder(shape, W, ids, path, external, kv_len=None, kv_dtype="float32"
     KV = TensorProto.FLOAT16 if kv_dtype == "float16" else TensorProto.FLOAT
     MASK = TensorProto.INT32 if mask_dtype == "int32" else TensorProto.INT64
 
-    # attention mask -> seqlens_k (sum - 1, int32) and total_sequence_length (int32)
     c1v = g.const_i64("[1]", 1)
     p = "/model/attn_mask_reformat/attn_mask_subgraph"
+    if mask_dtype == "none":
+        # No attention_mask (onnxruntime-genai feeds one only where declared): the positions say
+        # how long the sequence is. position_ids [1, new] end at total - 1 (batch 1: a graph
+        # without a mask cannot tell rows of different lengths apart).
+        g.node("ReduceMax", f"{p}/ReduceMax", ["position_ids", c1v], [f"{p}/ReduceMax/output_0"], keepdims=0)
+        seqlens_k = g.node("Cast", f"{p}/ReduceMax/Cast", [f"{p}/ReduceMax/output_0"],
+                           [f"{p}/ReduceMax/Cast/output_0"], to=TensorProto.INT32)
+        c0s = g.const_i64("0", 0, scalar=True)
+        g.node("Gather", f"{p}/Gather", [f"{p}/ReduceMax/output_0", c0s], [f"{p}/Gather/output_0"], axis=0)
+        g.node("Add", f"{p}/Add", [f"{p}/Gather/output_0", g.const_i64("1", 1, scalar=True)], [f"{p}/Add/output_0"])
+        total_len = g.node("Cast", f"{p}/Add/Cast", [f"{p}/Add/output_0"], [f"{p}/Add/Cast/output_0"],
+                           to=TensorProto.INT32)
+        return build_rest(g, shape, W, ids, path, external, kv_len, kv_dtype, last_logits, mask_dtype,
+                          seqlens_k, total_len)
+    # attention mask -> seqlens_k (sum - 1, int32) and total_sequence_length (int32)
     g.node("ReduceSum", f"{p}/ReduceSum", ["attention_mask", c1v], [f"{p}/ReduceSum/output_0"], keepdims=0)
     one = c1v if MASK == TensorProto.INT64 else g.init("/model/constants/INT32/[1]", np.array([1], dtype=np.int32))
     g.node("Sub", f"{p}/Sub", [f"{p}/ReduceSum/output_0", one], [f"{p}/Sub/output_0"])
@@ -638,6 +652,19 @@ def build_decoder(shape, W, ids, path, external, kv_len=None, kv_dtype="float32"
     c1s = g.const_i64("1", 1, scalar=True)
     g.node("Gather", f"{p}/Gather", [f"{p}/Shape/output_0", c1s], [f"{p}/Gather/output_0"], axis=0)
     total_len = g.node("Cast", f"{p}/Gather/Cast", [f"{p}/Gather/output_0"], [f"{p}/Gather/Cast/output_0"], to=TensorProto.INT32)
+    return build_rest(g, shape, W, ids, path, external, kv_len, kv_dtype, last_logits, mask_dtype,
+                      seqlens_k, total_len)
+
+
+def build_rest(g, shape, W, ids, path, external, kv_len, kv_dtype, last_logits, mask_dtype,
+               seqlens_k, total_len):
+    """The decoder after its sequence-length inputs (seqlens_k, total_sequence_length)."""
+    H, nl = shape["hidden"], shape["layers"]
+    nh, nkv, hd = shape["heads"], shape["kv_heads"], shape["head_size"]
+    V = shape["vocab_size"]
+    L = W["layout"]
+    KV = TensorProto.FLOAT16 if kv_dtype == "float16" else TensorProto.FLOAT
+    MASK = TensorProto.INT32 if mask_dtype == "int32" else TensorProto.INT64
 
     # embedding table [V, H]
     if external:
@@ -755,8 +782,11 @@ def build_decoder(shape, W, ids, path, external, kv_len=None, kv_dtype="float32"
     present_len = kv_len or "total_sequence_length"
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, "sequence_length"]),
-        helper.make_tensor_value_info("attention_mask", MASK, [batch, "total_sequence_length"]),
     ]
+    if mask_dtype == "none":
+        inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "sequence_length"]))
+    else:
+        inputs.append(helper.make_tensor_value_info("attention_mask", MASK, [batch, "total_sequence_length"]))
     outputs = [helper.make_tensor_value_info("logits", LOGITS, [batch, 1 if last_logits else "sequence_length", V])]
     for kind in ("key", "value"):
         for l in range(nl):
@@ -1348,8 +1378,8 @@ def main(argv=None):
                     help="KV cache and attention element type; float16 also makes the logits float16")
     ap.add_argument("--last-logits", action="store_true",
                     help="project the last position only: logits [B, 1, V]")
-    ap.add_argument("--mask-dtype", choices=["int64", "int32"], default="int64",
-                    help="attention_mask element type")
+    ap.add_argument("--mask-dtype", choices=["int64", "int32", "none"], default="int64",
+                    help="attention_mask element type (none: no mask; a position_ids input instead)")
     ap.add_argument("--accuracy-level", type=int, choices=[0, 1, 2, 3, 4], default=ACCURACY_LEVEL,
                     help="MatMulNBits accuracy_level (default %d, the builder's CPU default: int8 "
                          "activations); 0 computes in float32, a reference for other engines' parity"

@@ -308,6 +308,25 @@ impl Report {
                 self.runs.len()
             ));
         }
+        // On the NPU: the driver's own count of the work each run gave it.
+        let counted: Vec<u64> = self
+            .runs
+            .iter()
+            .filter_map(|r| r.numbers.npu_commands)
+            .collect();
+        if !counted.is_empty() {
+            let idle = counted.iter().filter(|&&n| n == 0).count();
+            s.push_str(&format!(
+                "\nNPU commands (amdxdna hardware-context counters): {} over {} counted runs{}\n",
+                counted.iter().sum::<u64>(),
+                counted.len(),
+                if idle > 0 {
+                    format!("; {idle} runs made none (they ran as a CPU fallback)")
+                } else {
+                    String::new()
+                }
+            ));
+        }
         s.push_str(&format!(
             "\npeak RSS {:.0} MiB; model files {:.0} MiB (ratio {:.2}); real time is 50 codes/s\n",
             self.peak_rss_mb,

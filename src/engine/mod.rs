@@ -287,6 +287,16 @@ pub fn next_chunk(left: usize, chunk: usize) -> usize {
     if left - take == 1 { take + 1 } else { take }
 }
 
+/// [`next_chunk`] under a hard `limit` (a package's `search.chunk_size`): where the limit binds,
+/// the split is onnxruntime-genai's own (`min(limit, left)`, a short last run included), since
+/// a run longer than the limit may be one the graph or its provider cannot take.
+pub fn next_chunk_within(left: usize, chunk: usize, limit: Option<usize>) -> usize {
+    match limit {
+        Some(limit) if chunk >= limit => left.min(limit.max(1)),
+        _ => next_chunk(left, chunk),
+    }
+}
+
 /// Something that turns a prompt into speech codes: an in-process [`Backbone`] under the shared
 /// loop ([`LocalEngine`]), or a proxy to another process that runs that loop itself.
 pub trait Engine: Send {
@@ -445,6 +455,9 @@ pub struct Generation {
     /// The decode steps alone: time spent inside `on_code` (a streaming codec, encoding, the
     /// caller's I/O) is left out, so stage timings add up instead of overlapping.
     pub decode: Duration,
+    /// Commands the NPU completed for this generation, by its driver's hardware-context counters
+    /// (`None`: not on the NPU, or the counters could not be read).
+    pub npu_commands: Option<u64>,
 }
 
 /// The error for a sequence of `prompt` tokens that does not fit `budget`: named after the static
@@ -515,6 +528,26 @@ mod tests {
         assert_eq!(runs(4, 1), [2, 2]);
         assert_eq!(runs(1, 64), [1]);
         assert_eq!(runs(150, usize::MAX), [150]);
+    }
+
+    #[test]
+    fn a_package_chunk_size_is_never_exceeded_and_splits_as_onnxruntime_genai_does() {
+        let runs = |len: usize, chunk: usize, limit: Option<usize>| {
+            let (mut done, mut out) = (0, Vec::new());
+            while done < len {
+                let take = super::next_chunk_within(len - done, chunk, limit);
+                out.push(take);
+                done += take;
+            }
+            out
+        };
+        // onnxruntime-genai: min(chunk_size, left), a one-token tail run on its own.
+        assert_eq!(runs(129, 64, Some(64)), [64, 64, 1]);
+        assert_eq!(runs(10, 4, Some(4)), [4, 4, 2]);
+        assert_eq!(runs(3, 64, Some(64)), [3]);
+        // A smaller chunk of our own under the limit keeps our split, which stays within it.
+        assert_eq!(runs(129, 32, Some(64)), [32, 32, 32, 33]);
+        assert_eq!(runs(129, 64, None), [64, 65]);
     }
 
     #[test]

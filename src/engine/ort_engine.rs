@@ -76,7 +76,8 @@ pub struct OrtOptions {
 
 struct Names {
     input_ids: String,
-    attention_mask: String,
+    /// `None`: the graph takes no mask (onnxruntime-genai feeds one only where it is declared).
+    attention_mask: Option<String>,
     position_ids: Option<String>,
     past: Vec<(String, String)>,
     logits: String,
@@ -111,6 +112,9 @@ pub struct OrtBackbone {
     capacity: usize,
     start_capacity: usize,
     prefill_chunk: Option<usize>,
+    /// The package's `search.chunk_size`: no prefill run is ever longer (a limit of its graph or
+    /// provider, which onnxruntime-genai honours).
+    chunk_limit: Option<usize>,
     /// Growing mode: the tensors fed as past next step (k, v per layer). Shared mode: the buffers.
     past: Vec<(DynValue, DynValue)>,
     /// Shared mode: sequences the buffers hold (their batch dimension); growing mode: 1.
@@ -132,14 +136,16 @@ pub struct OrtBackbone {
 pub const RECORD_PLACEMENT_KEY: &str = "session.record_ep_graph_assignment_info";
 
 /// Reads ONNX Runtime's record of which provider got each node (needs
-/// [`RECORD_PLACEMENT_KEY`] set before the session was made).
-fn placement(session: &Session) -> Result<Placement, EngineError> {
+/// [`RECORD_PLACEMENT_KEY`] set before the session was made): provider -> node names.
+fn placement(
+    session: &Session,
+) -> Result<std::collections::BTreeMap<String, Vec<String>>, EngineError> {
     use std::ffi::CStr;
     let api = ort::api();
     // SAFETY: every status passed here is one ONNX Runtime just returned, owned by us.
     let check =
         |status| unsafe { ort::Error::result_from_status(status) }.map_err(EngineError::from);
-    let mut placed = std::collections::BTreeMap::<String, usize>::new();
+    let mut placed = std::collections::BTreeMap::<String, Vec<String>>::new();
     // SAFETY: the session pointer is live for this call; ONNX Runtime owns the returned arrays
     // and strings for the session's lifetime, and we copy what we keep before returning.
     unsafe {
@@ -169,10 +175,24 @@ fn placement(session: &Session) -> Result<Placement, EngineError> {
             } else {
                 CStr::from_ptr(name).to_string_lossy().into_owned()
             };
-            *placed.entry(ep).or_default() += count;
+            if count > 0 && nodes.is_null() {
+                return Err(EngineError::Runtime(
+                    "EpAssignedSubgraph_GetNodes returned no array".into(),
+                ));
+            }
+            let names = placed.entry(ep).or_default();
+            for j in 0..count {
+                let mut node_name: *const std::ffi::c_char = std::ptr::null();
+                check((api.EpAssignedNode_GetName)(*nodes.add(j), &mut node_name))?;
+                names.push(if node_name.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(node_name).to_string_lossy().into_owned()
+                });
+            }
         }
     }
-    Ok(Placement(placed))
+    Ok(placed)
 }
 
 /// The element type and shape an input or output declares (symbolic dimensions are -1).
@@ -300,7 +320,13 @@ impl OrtBackbone {
         );
         // The package's own session options first, then the providers (as onnxruntime-genai
         // orders them).
-        let builder = session::apply_genai(session::builder(env, &plan)?, so, &pkg.dir)?;
+        // A relative custom_ops_library may sit beside the provider library (onnxruntime-genai's
+        // second place to look).
+        let ep_dirs: Vec<std::path::PathBuf> = match opts.device {
+            Device::Npu => crate::engine::ryzenai::library_dir().into_iter().collect(),
+            _ => Vec::new(),
+        };
+        let builder = session::apply_genai(session::builder(env, &plan)?, so, &pkg.dir, &ep_dirs)?;
         // Where ONNX Runtime puts each node is the first piece of residency evidence; it only
         // keeps that record when asked before the session is made.
         let builder = builder.with_config_entry(RECORD_PLACEMENT_KEY, "1")?;
@@ -310,7 +336,23 @@ impl OrtBackbone {
             .commit_from_file(&pkg.decoder_path)
             .map_err(|e| EngineError::Graph(format!("{}: {e}", pkg.decoder_path.display())))?;
         let placement = match placement(&session) {
-            Ok(p) => {
+            Ok(assigned) => {
+                // The weights behind the nodes: what makes a placement count (a provider that
+                // holds one trivial node does not hold the model).
+                // Read on the NPU only, where residency needs it.
+                let weights = match opts.device {
+                    Device::Npu => {
+                        match crate::package::optimize::graph_weights(&pkg.decoder_path) {
+                            Ok(w) => Some(w),
+                            Err(e) => {
+                                tracing::warn!("node placement by weight unknown: {e}");
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                let p = Placement::weigh(&assigned, weights.as_ref());
                 tracing::info!("node placement: {p}");
                 Some(p)
             }
@@ -358,10 +400,6 @@ impl OrtBackbone {
             format!("no input {:?}", d.inputs.input_ids),
         )?;
         need(
-            has_input(&d.inputs.attention_mask),
-            format!("no input {:?}", d.inputs.attention_mask),
-        )?;
-        need(
             has_output(&d.outputs.logits),
             format!("no output {:?}", d.outputs.logits),
         )?;
@@ -387,8 +425,12 @@ impl OrtBackbone {
             past.push((pk, pv));
             present.push((ok, ov));
         }
-        let known: usize =
-            2 + 2 * d.num_hidden_layers + usize::from(has_input(&d.inputs.position_ids));
+        let attention_mask =
+            has_input(&d.inputs.attention_mask).then(|| d.inputs.attention_mask.clone());
+        let known: usize = 1
+            + 2 * d.num_hidden_layers
+            + usize::from(attention_mask.is_some())
+            + usize::from(has_input(&d.inputs.position_ids));
         if session.inputs().len() != known {
             let extra: Vec<&str> = session
                 .inputs()
@@ -411,8 +453,11 @@ impl OrtBackbone {
             "input_ids",
             declared(ins, &d.inputs.input_ids).map(|t| t.0),
         )?;
-        let mask = declared(ins, &d.inputs.attention_mask);
-        let mask_i32 = int32_input(&path, "attention_mask", mask.as_ref().map(|t| t.0))?;
+        let mask = attention_mask.as_deref().and_then(|m| declared(ins, m));
+        let mask_i32 = match &attention_mask {
+            Some(_) => int32_input(&path, "attention_mask", mask.as_ref().map(|t| t.0))?,
+            None => false,
+        };
         let position_ids = has_input(&d.inputs.position_ids).then(|| d.inputs.position_ids.clone());
         let positions_i32 = match &position_ids {
             Some(p) => int32_input(&path, "position_ids", declared(ins, p).map(|t| t.0))?,
@@ -429,7 +474,9 @@ impl OrtBackbone {
         let open_batch = |name: &str| {
             declared(ins, name).is_some_and(|(_, d)| d.first().is_some_and(|&b| fixed(b).is_none()))
         };
+        // Rows of different lengths side by side need a mask to tell them apart.
         let batchable = static_kv.is_none()
+            && attention_mask.is_some()
             && mask_len.is_none()
             && open_batch(&d.inputs.input_ids)
             && past.iter().all(|(k, v)| open_batch(k) && open_batch(v));
@@ -502,10 +549,18 @@ impl OrtBackbone {
                 pkg.logits.describe(pkg.genai.model.vocab_size)
             )));
         }
-        // A static buffer has the graph's size exactly: ONNX Runtime refuses any other.
+        // A static buffer has the graph's size exactly: ONNX Runtime refuses any other. A package
+        // that asks for onnxruntime-genai's shared buffer over a symbolic past length gets it as
+        // onnxruntime-genai allocates it, once at search.max_length; otherwise the buffer starts
+        // small and doubles up to the budget.
+        let package_shared = pkg.genai.search.past_present_share_buffer && mode == KvMode::Shared;
         let start_capacity = static_kv.unwrap_or_else(|| {
             opts.kv_capacity
-                .unwrap_or(SHARED_KV_START)
+                .unwrap_or(if package_shared {
+                    budget
+                } else {
+                    SHARED_KV_START
+                })
                 .clamp(1, budget.max(1))
         });
         let desc = format!(
@@ -546,7 +601,7 @@ impl OrtBackbone {
             run_options: Arc::new(RunOptions::new()?),
             names: Names {
                 input_ids: d.inputs.input_ids.clone(),
-                attention_mask: d.inputs.attention_mask.clone(),
+                attention_mask,
                 position_ids,
                 past,
                 logits: d.outputs.logits.clone(),
@@ -567,6 +622,7 @@ impl OrtBackbone {
             capacity: 0,
             start_capacity,
             prefill_chunk: opts.prefill_chunk.filter(|&c| c > 0),
+            chunk_limit: pkg.genai.search.chunk_size,
             past: Vec::new(),
             slots: 0,
             lens: vec![0],
@@ -601,14 +657,16 @@ impl OrtBackbone {
         inputs.push((self.names.input_ids.clone(), ids));
         // Each row: ones over its own sequence, zeros after it (a shorter sequence in a batch, or
         // a mask of fixed length as onnxruntime-genai's static mask is).
-        let mask_len = self.mask_len.unwrap_or(total);
-        let mask = int_matrix(
-            self.mask_i32,
-            rows,
-            lens.iter()
-                .flat_map(|&l| (0..mask_len).map(move |i| i64::from(i < l + n))),
-        )?;
-        inputs.push((self.names.attention_mask.clone(), mask));
+        if let Some(name) = &self.names.attention_mask {
+            let mask_len = self.mask_len.unwrap_or(total);
+            let mask = int_matrix(
+                self.mask_i32,
+                rows,
+                lens.iter()
+                    .flat_map(|&l| (0..mask_len).map(move |i| i64::from(i < l + n))),
+            )?;
+            inputs.push((name.clone(), mask));
+        }
         if let Some(p) = &self.names.position_ids {
             let pos = int_matrix(
                 self.positions_i32,
@@ -780,7 +838,11 @@ impl OrtBackbone {
         if needed > self.budget {
             return Err(super::too_long(needed, self.budget, self.static_kv));
         }
-        let chunk = self.prefill_chunk.unwrap_or(tokens.len()).max(1);
+        let chunk = self
+            .prefill_chunk
+            .unwrap_or(tokens.len())
+            .min(self.chunk_limit.unwrap_or(usize::MAX))
+            .max(1);
         let fired = || cancel.iter().any(|c| c.is_cancelled());
         let result = {
             let stop = Arc::clone(&self.run_options);
@@ -800,7 +862,8 @@ impl OrtBackbone {
             self.ensure(self.slots, needed).and_then(|()| {
                 let mut done = 0;
                 while done < tokens.len() {
-                    let take = super::next_chunk(tokens.len() - done, chunk);
+                    let take =
+                        super::next_chunk_within(tokens.len() - done, chunk, self.chunk_limit);
                     self.run(slot, 1, &tokens[done..done + take])?;
                     done += take;
                 }
@@ -1079,7 +1142,9 @@ impl BatchBackbone for OrtBackbone {
     }
 
     fn can_pad(&self) -> bool {
-        self.mode == KvMode::Shared && self.static_kv.is_none()
+        self.mode == KvMode::Shared
+            && self.static_kv.is_none()
+            && self.names.attention_mask.is_some()
     }
 
     fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError> {

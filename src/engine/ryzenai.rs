@@ -94,12 +94,9 @@ fn err(step: &str, e: impl std::fmt::Display) -> EngineError {
     EngineError::Device(format!("RyzenAI provider: {step}: {e}"))
 }
 
-/// Step 1: registers the provider library once per process; returns its path and source.
-fn register(env: &Environment) -> Result<(PathBuf, String), EngineError> {
-    let mut done = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(p) = done.as_ref() {
-        return Ok(p.clone());
-    }
+/// Where this process looks for the provider library: RYZENAI_EP_PATH, beside the loaded ONNX
+/// Runtime and this executable, the working directory.
+fn search() -> ProviderSearch {
     let mut dirs = Vec::new();
     if let Some(dir) = crate::runtime::info().and_then(|i| i.path.parent().map(PathBuf::from)) {
         dirs.push(dir);
@@ -110,7 +107,27 @@ fn register(env: &Environment) -> Result<(PathBuf, String), EngineError> {
     {
         dirs.push(dir);
     }
-    let lib = provider_library(&ProviderSearch::from_process(dirs));
+    ProviderSearch::from_process(dirs)
+}
+
+/// The directory of the provider library this process registered, or would register.
+pub fn library_dir() -> Option<PathBuf> {
+    let registered = REGISTERED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map(|(p, _)| p.clone());
+    let lib = registered.unwrap_or_else(|| provider_library(&search()).path);
+    lib.parent().map(PathBuf::from)
+}
+
+/// Step 1: registers the provider library once per process; returns its path and source.
+fn register(env: &Environment) -> Result<(PathBuf, String), EngineError> {
+    let mut done = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = done.as_ref() {
+        return Ok(p.clone());
+    }
+    let lib = provider_library(&search());
     let source = format!("{:?}", lib.source);
     tracing::info!(
         "registering {PROVIDER_NAME} from {} ({source})",

@@ -341,6 +341,7 @@ impl Lane {
                     seed: job.params.sampling.seed.unwrap_or_default(),
                     prefill: Duration::ZERO,
                     decode: Duration::ZERO,
+                    npu_commands: None,
                 }));
                 false
             } else {

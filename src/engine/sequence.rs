@@ -61,6 +61,7 @@ impl Sequence {
                 seed: sampler.seed(),
                 prefill: Duration::ZERO,
                 decode: Duration::ZERO,
+                npu_commands: None,
             },
             sampler,
             candidates: candidates.clone(),

@@ -8,12 +8,18 @@
 //! - only when the model declares RyzenAI in its genai_config provider options *and*
 //!   ONEBIT_RYZENAI_ROOT names the venv; otherwise the environment is left unchanged;
 //! - XILINX_XRT = ONEBIT_XRT_ROOT, else $XILINX_XRT, else /opt/xilinx/xrt;
-//! - LD_LIBRARY_PATH = `<xrt>/lib` first (the venv's voe wheel bundles a stale
-//!   libxrt_coreutil.so.2.19 that must not win), then the worker's own directory if it holds the
-//!   provider library (a worker built against the venv), then `<venv>/deployment/lib` (so the
-//!   venv's ONNX Runtime GenAI loads), then whatever was there before; no empty entries (an empty
-//!   entry means "the current directory" to ld.so), no duplicates (first one wins);
-//! - RYZENAI_EP_PATH = the provider library: beside the worker if there, else in the venv.
+//! - LD_LIBRARY_PATH in the order AMD's Ryzen AI 1.8 Linux instructions give it (`source
+//!   <xrt>/setup.sh`, which prepends `<xrt>/lib`, then `export
+//!   LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:deployment/lib:$LD_LIBRARY_PATH`): the system's
+//!   multiarch library directory, the worker's own directory if it holds the provider library
+//!   (a worker built against the venv), `<venv>/deployment/lib`, `<xrt>/lib`, then whatever was
+//!   there before. One measured exception: where the venv's or the worker's directory bundles
+//!   XRT libraries of its own (`libxrt_*`; a stale libxrt_coreutil.so.2.19 from the venv's voe
+//!   wheel was seen to win over the installed XRT and break the device), `<xrt>/lib` goes first
+//!   and the plan says why. No empty entries (an empty entry means "the current directory" to
+//!   ld.so), no duplicates (first one wins);
+//! - RYZENAI_EP_PATH = the user's own when set (onnxruntime-genai always takes it first), else the
+//!   provider library beside the worker if there, else in the venv.
 //!
 //! [`provider_library`] is where a process with that environment registers the provider from,
 //! in onnxruntime-genai's order, through the crate's one native-library search
@@ -53,6 +59,11 @@ pub struct EnvInputs {
     pub xilinx_xrt: Option<PathBuf>,
     /// The parent's LD_LIBRARY_PATH.
     pub ld_library_path: Option<OsString>,
+    /// The parent's RYZENAI_EP_PATH (kept as the user set it).
+    pub ryzenai_ep_path: Option<PathBuf>,
+    /// The system's multiarch library directory AMD's instructions put first
+    /// (`/lib/x86_64-linux-gnu`); `None` leaves it out.
+    pub system_lib_dir: Option<PathBuf>,
     /// The executable the worker runs (normally the parent's own `current_exe()`).
     pub worker_exe: PathBuf,
 }
@@ -68,9 +79,16 @@ impl EnvInputs {
             xrt_root_knob: path_var(XRT_ROOT_VAR),
             xilinx_xrt: path_var(XILINX_XRT_VAR),
             ld_library_path: std::env::var_os(LD_LIBRARY_PATH_VAR),
+            ryzenai_ep_path: path_var(RYZENAI_EP_PATH_VAR),
+            system_lib_dir: Some(system_lib_dir()),
             worker_exe: absolute(worker_exe),
         }
     }
+}
+
+/// `/lib/<arch>-linux-gnu`, the Debian/Ubuntu multiarch directory of this build's architecture.
+pub fn system_lib_dir() -> PathBuf {
+    PathBuf::from(format!("/lib/{}-linux-gnu", std::env::consts::ARCH))
 }
 
 fn path_var(name: &str) -> Option<PathBuf> {
@@ -119,8 +137,13 @@ pub struct WorkerEnv {
     pub xrt_source: XrtSource,
     pub ld_library_path: OsString,
     pub ryzenai_ep_path: PathBuf,
+    /// RYZENAI_EP_PATH is the one the user exported.
+    pub ep_path_from_user: bool,
     /// The worker's directory holds its own provider copy (it was built against the venv).
     pub provider_beside_worker: bool,
+    /// Why `<xrt>/lib` was put before the venv's libraries, against AMD's order (`None`: AMD's
+    /// order).
+    pub xrt_first: Option<String>,
 }
 
 /// Why the environment is left as it is.
@@ -179,12 +202,18 @@ impl fmt::Display for EnvPlan {
             EnvPlan::Unchanged(why) => write!(f, "worker env: unchanged ({why})"),
             EnvPlan::Set(w) => write!(
                 f,
-                "worker env: XILINX_XRT={} ({}) LD_LIBRARY_PATH={} RYZENAI_EP_PATH={}{}",
+                "worker env: XILINX_XRT={} ({}) LD_LIBRARY_PATH={}{} RYZENAI_EP_PATH={}{}",
                 w.xilinx_xrt.display(),
                 w.xrt_source,
                 Path::new(&w.ld_library_path).display(),
+                match &w.xrt_first {
+                    Some(why) => format!(" (XRT first: {why})"),
+                    None => " (AMD's order)".to_owned(),
+                },
                 w.ryzenai_ep_path.display(),
-                if w.provider_beside_worker {
+                if w.ep_path_from_user {
+                    " (yours)"
+                } else if w.provider_beside_worker {
                     " (provider beside the worker)"
                 } else {
                     ""
@@ -215,11 +244,31 @@ pub fn worker_env(inputs: &EnvInputs) -> Result<EnvPlan, NpuError> {
         .filter(|d| !d.as_os_str().is_empty());
     let beside = worker_dir.filter(|d| d.join(PROVIDER_FILE).is_file());
 
-    let mut front = vec![("XILINX_XRT/lib", xrt.join("lib"))];
+    let mut venv_dirs = Vec::new();
     if let Some(dir) = beside {
-        front.push(("worker directory", dir.to_path_buf()));
+        venv_dirs.push(("worker directory", dir.to_path_buf()));
     }
-    front.push(("ONEBIT_RYZENAI_ROOT/deployment/lib", venv_lib.clone()));
+    venv_dirs.push(("ONEBIT_RYZENAI_ROOT/deployment/lib", venv_lib.clone()));
+    let xrt_first = venv_dirs.iter().find_map(|(_, dir)| {
+        bundled_xrt(dir).map(|lib| {
+            format!(
+                "{} bundles {lib}, which must not win over the installed XRT",
+                dir.display()
+            )
+        })
+    });
+    let xrt_lib = ("XILINX_XRT/lib", xrt.join("lib"));
+    let mut front = Vec::new();
+    if let Some(sys) = &inputs.system_lib_dir {
+        front.push(("system libraries", sys.clone()));
+    }
+    if xrt_first.is_some() {
+        front.push(xrt_lib);
+        front.extend(venv_dirs);
+    } else {
+        front.extend(venv_dirs);
+        front.push(xrt_lib);
+    }
     for (var, dir) in &front {
         if dir.as_os_str().as_bytes().contains(&b':') {
             return Err(NpuError::ColonInPath {
@@ -235,17 +284,31 @@ pub fn worker_env(inputs: &EnvInputs) -> Result<EnvPlan, NpuError> {
     }
     let ld_library_path = join_search_path(dedup_paths(entries));
 
-    let ryzenai_ep_path = match beside {
-        Some(dir) => dir.join(PROVIDER_FILE),
-        None => venv_lib.join(PROVIDER_FILE),
+    let ryzenai_ep_path = match (&inputs.ryzenai_ep_path, beside) {
+        (Some(user), _) => user.clone(),
+        (None, Some(dir)) => dir.join(PROVIDER_FILE),
+        (None, None) => venv_lib.join(PROVIDER_FILE),
     };
     Ok(EnvPlan::Set(WorkerEnv {
         xilinx_xrt: xrt,
         xrt_source,
         ld_library_path,
         ryzenai_ep_path,
+        ep_path_from_user: inputs.ryzenai_ep_path.is_some(),
         provider_beside_worker: beside.is_some(),
+        xrt_first,
     }))
+}
+
+/// The first XRT library (`libxrt_*`, by sorted name) in `dir`, if it bundles any.
+fn bundled_xrt(dir: &Path) -> Option<String> {
+    let mut libs: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("libxrt_") && n.contains(".so"))
+        .collect();
+    libs.sort();
+    libs.into_iter().next()
 }
 
 /// The non-empty entries of a `:`-separated search path.
@@ -332,8 +395,9 @@ pub struct ProviderLibrary {
 /// 3. else `<cwd>/libonnxruntime_providers_ryzenai.so`, unchecked (registration then fails with
 ///    ONNX Runtime's own error naming that path).
 ///
-/// Genai skips all of this when a library of that name is already loaded in the process. Older
-/// genai builds used [`LEGACY_PROVIDER_FILE`] on Linux; step 2 accepts that name too.
+/// onnxruntime-genai up to 0.14 (the one Ryzen AI 1.8 ships) skipped all of this when a library
+/// of that name was already loaded in the process; 0.15 and later always search. Older genai
+/// builds used [`LEGACY_PROVIDER_FILE`] on Linux; step 2 accepts that name too.
 pub fn provider_library(search: &ProviderSearch) -> ProviderLibrary {
     const EP_PATH: &str = RYZENAI_EP_PATH_VAR;
     const BESIDE: &str = "beside a loaded library";
@@ -386,6 +450,8 @@ mod tests {
             xrt_root_knob: None,
             xilinx_xrt: None,
             ld_library_path: None,
+            ryzenai_ep_path: None,
+            system_lib_dir: Some("/lib/x86_64-linux-gnu".into()),
             worker_exe: worker_dir.join("onebit-tts"),
         }
     }
@@ -403,15 +469,18 @@ mod tests {
         let w = set(worker_env(&inputs(&t)).expect("plan"));
         assert_eq!(w.xilinx_xrt, Path::new("/opt/xilinx/xrt"));
         assert_eq!(w.xrt_source, XrtSource::Default);
+        // AMD's Ryzen AI 1.8 order: system libraries, deployment/lib, then XRT's setup.
         assert_eq!(
             w.ld_library_path,
-            "/opt/xilinx/xrt/lib:/venv/deployment/lib"
+            "/lib/x86_64-linux-gnu:/venv/deployment/lib:/opt/xilinx/xrt/lib"
         );
+        assert_eq!(w.xrt_first, None);
         assert_eq!(
             w.ryzenai_ep_path,
             Path::new("/venv/deployment/lib/libonnxruntime_providers_ryzenai.so")
         );
         assert!(!w.provider_beside_worker);
+        assert!(!w.ep_path_from_user);
     }
 
     #[test]
@@ -422,7 +491,7 @@ mod tests {
         assert_eq!(
             w.ld_library_path,
             OsString::from(format!(
-                "/opt/xilinx/xrt/lib:{}:/venv/deployment/lib",
+                "/lib/x86_64-linux-gnu:{}:/venv/deployment/lib:/opt/xilinx/xrt/lib",
                 t.display()
             ))
         );
@@ -445,13 +514,19 @@ mod tests {
         let w = set(worker_env(&i).expect("plan"));
         assert_eq!(w.xilinx_xrt, Path::new("/env/xrt"));
         assert_eq!(w.xrt_source, XrtSource::XilinxXrt);
-        assert_eq!(w.ld_library_path, "/env/xrt/lib:/venv/deployment/lib");
+        assert_eq!(
+            w.ld_library_path,
+            "/lib/x86_64-linux-gnu:/venv/deployment/lib:/env/xrt/lib"
+        );
 
         i.xrt_root_knob = Some("/knob/xrt".into());
         let w = set(worker_env(&i).expect("plan"));
         assert_eq!(w.xilinx_xrt, Path::new("/knob/xrt"));
         assert_eq!(w.xrt_source, XrtSource::Knob);
-        assert_eq!(w.ld_library_path, "/knob/xrt/lib:/venv/deployment/lib");
+        assert_eq!(
+            w.ld_library_path,
+            "/lib/x86_64-linux-gnu:/venv/deployment/lib:/knob/xrt/lib"
+        );
     }
 
     #[test]
@@ -481,8 +556,49 @@ mod tests {
         let w = set(worker_env(&i).expect("plan"));
         assert_eq!(
             w.ld_library_path,
-            "/opt/xilinx/xrt/lib:/venv/deployment/lib:/usr/local/lib"
+            "/lib/x86_64-linux-gnu:/venv/deployment/lib:/opt/xilinx/xrt/lib:/usr/local/lib"
         );
+    }
+
+    #[test]
+    fn a_venv_that_bundles_xrt_libraries_puts_the_installed_xrt_first_and_says_why() {
+        let t = tmp("bundled");
+        let venv = t.join("venv");
+        let lib = venv_lib_dir(&venv);
+        fs::create_dir_all(&lib).expect("mkdir");
+        fs::write(lib.join("libxrt_coreutil.so.2.19.0"), b"").expect("write");
+        let mut i = inputs(&t);
+        i.ryzenai_root = Some(venv.clone());
+        let w = set(worker_env(&i).expect("plan"));
+        assert_eq!(
+            w.ld_library_path,
+            OsString::from(format!(
+                "/lib/x86_64-linux-gnu:/opt/xilinx/xrt/lib:{}",
+                lib.display()
+            ))
+        );
+        let why = w.xrt_first.clone().expect("a reason");
+        assert!(why.contains("libxrt_coreutil.so.2.19.0"), "{why}");
+        assert!(
+            EnvPlan::Set(w).to_string().contains("XRT first: "),
+            "the log line says why"
+        );
+    }
+
+    #[test]
+    fn a_ryzenai_ep_path_the_user_exported_is_kept() {
+        let t = tmp("userpath");
+        fs::write(t.join(PROVIDER_FILE), b"").expect("write");
+        let mut i = inputs(&t);
+        i.ryzenai_ep_path = Some("/mine/libonnxruntime_providers_ryzenai.so".into());
+        let plan = worker_env(&i).expect("plan");
+        let w = set(plan.clone());
+        assert_eq!(
+            w.ryzenai_ep_path,
+            Path::new("/mine/libonnxruntime_providers_ryzenai.so")
+        );
+        assert!(w.ep_path_from_user);
+        assert!(plan.to_string().contains("(yours)"), "{plan}");
     }
 
     #[test]

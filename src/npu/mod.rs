@@ -22,6 +22,7 @@ pub mod env;
 pub mod residency;
 pub mod roots;
 pub mod supervisor;
+pub mod xdna;
 
 use std::io;
 use std::path::PathBuf;

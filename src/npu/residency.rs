@@ -6,18 +6,22 @@
 //! `/dev/accel/accel0` and makes successful ioctls. So neither our own list of providers nor an
 //! open accel fd counts. What does:
 //!
-//! 1. **placement** — where ONNX Runtime itself assigned the graph's nodes
-//!    (`Session_GetEpGraphAssignmentInfo`, recorded with `session.record_ep_graph_assignment_info`,
-//!    see [`Placement`]); the provider must hold at least one node;
-//! 2. **activity** — the device did work for this process while it decoded: the `drm-engine-*`
-//!    busy time in `/proc/<pid>/fdinfo/<fd>` of the worker's accel fds grew across the decode
-//!    steps ([`AccelUsage`]), or `/sys/class/accel/accel0/device/mem_usage` grew across the load
-//!    (not every driver has that file).
+//! 1. **activity** — the device did work for this process while it decoded: the NPU completed
+//!    commands for a hardware context owned by the worker's pid across the evidence decode steps
+//!    (the amdxdna driver's own counters, [`super::xdna`]; every mainline driver has them), or,
+//!    where a driver prints it, the `drm-engine-*` busy time in the worker's accel fdinfo grew
+//!    ([`AccelUsage`]);
+//! 2. **placement** — where ONNX Runtime itself assigned the graph's nodes
+//!    (`Session_GetEpGraphAssignmentInfo`), weighed by the weights (initializer bytes) those
+//!    nodes consume ([`Placement`]): the provider must hold most of the model's weights, so one
+//!    trivial node it claimed does not count. Unknown placement (onnxruntime-genai's loop does
+//!    not report it) leaves the verdict to the device's counters.
 //!
-//! Residency is [`ResidencyState::Proven`] only with activity and a placement that does not refute
-//! it (unknown placement, as onnxruntime-genai's loop leaves it, lets the counters decide; a
-//! placement with no node on the provider refutes it); `Unproven` lists every missing piece;
-//! `Failed` means the provider could not even be set up. Unknown is reported as unknown.
+//! Memory counters (fdinfo `drm-*-memory`, the device-wide `mem_usage`) are reported as
+//! supporting detail and never prove anything: they are device-wide or move for a load the
+//! provider then declines. Residency is [`ResidencyState::Proven`] only with activity and a
+//! placement that does not refute it; `Unproven` lists every missing piece; `Failed` means the
+//! provider could not even be set up. Unknown is reported as unknown.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,7 +32,11 @@ use serde::{Deserialize, Serialize};
 
 use super::accel::accel_fds;
 use super::roots::SystemRoots;
+use super::xdna::{self, HwContexts};
 use super::{NpuError, PROVIDER_NAME};
+
+/// The share of the model's weights the provider must hold for its placement to count.
+pub const MIN_WEIGHT_SHARE: f64 = 0.5;
 
 /// Reads the device-wide NPU memory use, in bytes.
 pub fn read_mem_usage(roots: &SystemRoots) -> Result<u64, NpuError> {
@@ -70,25 +78,168 @@ fn parse_quantity(text: &str) -> Option<u64> {
     n.checked_mul(scale)
 }
 
-/// Where ONNX Runtime placed a session's nodes: provider name -> count of the graph's nodes
-/// assigned to it, as ONNX Runtime itself reports it (`Session_GetEpGraphAssignmentInfo`; a
-/// provider that fuses nodes into one subgraph still counts each original node).
+/// Where ONNX Runtime placed a session's nodes, as ONNX Runtime itself reports it
+/// (`Session_GetEpGraphAssignmentInfo`; a provider that fuses nodes into one subgraph still
+/// counts each original node), and the weights that went with them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Placement(pub BTreeMap<String, usize>);
+pub struct Placement {
+    /// Provider name -> nodes assigned to it.
+    pub nodes: BTreeMap<String, usize>,
+    /// Provider name -> bytes of the initializers (weights) every consumer of which runs on that
+    /// provider (`None`: the graph's initializers could not be read).
+    #[serde(default)]
+    pub weight_bytes: Option<BTreeMap<String, u64>>,
+    /// Bytes of all initializers the graph's nodes consume.
+    #[serde(default)]
+    pub total_weight_bytes: Option<u64>,
+}
 
 impl Placement {
-    pub fn nodes_on(&self, provider: &str) -> usize {
-        self.0.get(provider).copied().unwrap_or(0)
+    /// Node counts alone (the weights unread).
+    pub fn of_nodes(nodes: BTreeMap<String, usize>) -> Self {
+        Placement {
+            nodes,
+            weight_bytes: None,
+            total_weight_bytes: None,
+        }
     }
+
+    /// ONNX Runtime's assignment (provider -> the names of its nodes), weighed with the graph's
+    /// initializers (name -> bytes and consuming node names). An initializer counts for a
+    /// provider when every node that consumes it runs there; one split between providers, or
+    /// consumed by a node the assignment does not name (ONNX Runtime rewrote it), counts for
+    /// none but still counts in the total.
+    pub fn weigh(
+        assigned: &BTreeMap<String, Vec<String>>,
+        weights: Option<&std::collections::HashMap<String, (u64, Vec<String>)>>,
+    ) -> Self {
+        let nodes = assigned
+            .iter()
+            .map(|(ep, n)| (ep.clone(), n.len()))
+            .collect();
+        let Some(weights) = weights else {
+            return Placement::of_nodes(nodes);
+        };
+        let provider_of: std::collections::HashMap<&str, &str> = assigned
+            .iter()
+            .flat_map(|(ep, names)| names.iter().map(move |n| (n.as_str(), ep.as_str())))
+            .collect();
+        let mut by_provider: BTreeMap<String, u64> = BTreeMap::new();
+        let mut total = 0u64;
+        for (bytes, consumers) in weights.values() {
+            if consumers.is_empty() {
+                continue;
+            }
+            total += bytes;
+            let mut eps = consumers.iter().map(|c| provider_of.get(c.as_str()));
+            let first = eps.next().flatten();
+            if let Some(ep) = first
+                && eps.all(|e| e == Some(ep))
+            {
+                *by_provider.entry((*ep).to_owned()).or_default() += bytes;
+            }
+        }
+        Placement {
+            nodes,
+            weight_bytes: Some(by_provider),
+            total_weight_bytes: Some(total),
+        }
+    }
+
+    pub fn nodes_on(&self, provider: &str) -> usize {
+        self.nodes.get(provider).copied().unwrap_or(0)
+    }
+
     pub fn total(&self) -> usize {
-        self.0.values().sum()
+        self.nodes.values().sum()
+    }
+
+    /// The share of the weights on `provider` (`None`: unknown, or a graph without weights).
+    pub fn weight_share(&self, provider: &str) -> Option<f64> {
+        let total = self.total_weight_bytes.filter(|&t| t > 0)?;
+        let on = self
+            .weight_bytes
+            .as_ref()?
+            .get(provider)
+            .copied()
+            .unwrap_or(0);
+        Some(on as f64 / total as f64)
     }
 }
 
 impl fmt::Display for Placement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self.0.iter().map(|(p, n)| format!("{p}: {n}")).collect();
+        let parts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|(p, n)| match self.weight_share(p) {
+                Some(w) => format!("{p}: {n} nodes, {:.1}% of weights", w * 100.0),
+                None => format!("{p}: {n}"),
+            })
+            .collect();
         f.write_str(&parts.join(", "))
+    }
+}
+
+/// A reading of the amdxdna hardware-context counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Counters {
+    Read(HwContexts),
+    /// No such counters here (no accel fd, not amdxdna, the query missing): no evidence.
+    Unavailable {
+        reason: String,
+    },
+    /// The query exists but failed.
+    Failed {
+        reason: String,
+    },
+}
+
+impl Counters {
+    pub fn read(&self) -> Option<&HwContexts> {
+        match self {
+            Counters::Read(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// Reads the hardware-context counters through one of `pid`'s own accel fds (a duplicate: the
+/// same DRM client, so the reading adds no client to the driver). Only the process itself may
+/// do this (the fds are its own).
+pub fn sample_counters(roots: &SystemRoots) -> Counters {
+    let pid = std::process::id();
+    let fds = match accel_fds(pid, roots) {
+        Ok(f) => f,
+        Err(e) => {
+            return Counters::Failed {
+                reason: format!("this process's fds: {e}"),
+            };
+        }
+    };
+    let Some(&fd) = fds.first() else {
+        return Counters::Unavailable {
+            reason: format!(
+                "this process holds no fd on {}, so no hardware context of its own",
+                roots.accel_node().display()
+            ),
+        };
+    };
+    match xdna::AccelFd::dup(fd as i32) {
+        Ok(dev) => counters_from(&dev),
+        Err(e) => Counters::Failed {
+            reason: format!("duplicating accel fd {fd}: {e}"),
+        },
+    }
+}
+
+/// One reading through `dev`.
+pub fn counters_from(dev: &dyn xdna::Ioctl) -> Counters {
+    match xdna::read_contexts(dev) {
+        Ok(c) => Counters::Read(c),
+        Err(xdna::CountersError::Unavailable(reason)) => Counters::Unavailable { reason },
+        Err(xdna::CountersError::Failed(reason)) => Counters::Failed { reason },
     }
 }
 
@@ -161,6 +312,15 @@ pub fn read_accel_usage(pid: u32, roots: &SystemRoots) -> Result<Option<AccelUsa
 pub struct Evidence {
     /// ONNX Runtime's own node placement (`None`: its report was not seen).
     pub placement: Option<Placement>,
+    /// The worker's pid as the driver records it (initial PID namespace).
+    #[serde(default)]
+    pub pid: i64,
+    /// The hardware-context counters before and after [`Evidence::decode_steps`] decode steps
+    /// (`None`: not read).
+    #[serde(default)]
+    pub counters_before: Option<Counters>,
+    #[serde(default)]
+    pub counters_after: Option<Counters>,
     /// The worker's accel usage before and after [`Evidence::decode_steps`] decode steps
     /// (`None`: no accel fd, or unreadable; see `notes`).
     pub accel_before: Option<AccelUsage>,
@@ -230,8 +390,10 @@ impl fmt::Display for Residency {
 pub fn weigh(evidence: Evidence, provider: &str) -> Residency {
     let mut proofs = Vec::new();
     let mut missing = Vec::new();
-    // Placement can refute residency (the provider declined every node) or support it; when it
-    // is unknown (onnxruntime-genai's loop does not report it) the device's own counters decide.
+    let mut details = Vec::new();
+    let mut unknown_weights = None;
+    // Placement can refute residency (the provider declined the graph or holds only trivial
+    // nodes) or support it; unknown, the device's counters decide.
     let placed = match &evidence.placement {
         None => {
             missing.push(
@@ -247,19 +409,90 @@ pub fn weigh(evidence: Evidence, provider: &str) -> Residency {
             ));
             Some(false)
         }
-        Some(p) => {
-            proofs.push(format!(
-                "ONNX Runtime placed {} of {} nodes on {provider} ({p})",
-                p.nodes_on(provider),
-                p.total()
-            ));
-            Some(true)
+        Some(p) => match p.weight_share(provider) {
+            Some(share) if share >= MIN_WEIGHT_SHARE => {
+                proofs.push(format!(
+                    "ONNX Runtime placed {} of {} nodes, {:.1}% of the weights, on {provider} ({p})",
+                    p.nodes_on(provider),
+                    p.total(),
+                    share * 100.0
+                ));
+                Some(true)
+            }
+            Some(share) => {
+                missing.push(format!(
+                    "ONNX Runtime placed {} of {} nodes on {provider} but only {:.1}% of the \
+                     weights (at least {:.0}% needed: the weight-heavy nodes run elsewhere) ({p})",
+                    p.nodes_on(provider),
+                    p.total(),
+                    share * 100.0,
+                    MIN_WEIGHT_SHARE * 100.0
+                ));
+                Some(false)
+            }
+            None => {
+                unknown_weights = Some(format!(
+                    "ONNX Runtime placed {} of {} nodes on {provider}, but which weights they \
+                     hold is unknown (the graph's initializers were not read) ({p})",
+                    p.nodes_on(provider),
+                    p.total()
+                ));
+                None
+            }
+        },
+    };
+    let pid = evidence.pid;
+    let commands = match (&evidence.counters_before, &evidence.counters_after) {
+        (Some(Counters::Read(b)), Some(Counters::Read(a))) => {
+            let done = xdna::completed_between(b, a, pid);
+            let theirs: Vec<i64> = {
+                let mut p: Vec<i64> = a.contexts.iter().map(|c| c.pid).collect();
+                p.sort_unstable();
+                p.dedup();
+                p
+            };
+            if done > 0 {
+                proofs.push(format!(
+                    "the NPU completed {done} commands for this worker's hardware context (pid \
+                     {pid}) over {} decode steps ({}, {})",
+                    evidence.decode_steps, a.query, a.driver
+                ));
+                true
+            } else if a.completions_of(pid).is_some() {
+                missing.push(format!(
+                    "this worker's hardware context (pid {pid}) completed no NPU command over {} \
+                     decode steps ({}: {} -> {})",
+                    evidence.decode_steps,
+                    a.query,
+                    b.completions_of(pid).unwrap_or(0),
+                    a.completions_of(pid).unwrap_or(0)
+                ));
+                false
+            } else {
+                missing.push(format!(
+                    "the NPU has no hardware context of this worker (pid {pid}; contexts of pids \
+                     {theirs:?}; {}): its model did not go to the NPU (inside a PID namespace \
+                     the driver reports host pids)",
+                    a.query
+                ));
+                false
+            }
+        }
+        (Some(Counters::Unavailable { reason } | Counters::Failed { reason }), _)
+        | (_, Some(Counters::Unavailable { reason } | Counters::Failed { reason })) => {
+            missing.push(format!("hardware-context counters unavailable: {reason}"));
+            false
+        }
+        _ => {
+            missing.push("hardware-context counters not read".to_owned());
+            false
         }
     };
     let busy = match (&evidence.accel_before, &evidence.accel_after) {
         (Some(_), Some(a)) if a.engine_ns.is_empty() => {
-            missing.push(format!(
-                "the worker's accel fd reports no drm-engine-* busy time (driver {})",
+            details.push(format!(
+                "the worker's accel fdinfo has no drm-engine-* busy time (driver {}; mainline \
+                 amdxdna prints none)",
                 a.driver.as_deref().unwrap_or("unnamed")
             ));
             false
@@ -287,35 +520,44 @@ pub fn weigh(evidence: Evidence, provider: &str) -> Residency {
             false
         }
     };
-    let mem = match (evidence.mem_usage_before, evidence.mem_usage_after) {
-        (Some(b), Some(a)) if a > b => {
-            proofs.push(format!(
-                "NPU mem_usage grew across the load and decode ({b} -> {a} bytes)"
+    // Memory: supporting detail only.
+    if let (Some(b), Some(a)) = (&evidence.accel_before, &evidence.accel_after) {
+        let sum = |u: &AccelUsage| u.memory_bytes.values().sum::<u64>();
+        if !a.memory_bytes.is_empty() {
+            details.push(format!(
+                "the worker's accel memory {} -> {} bytes (supporting detail, proves nothing \
+                 alone)",
+                sum(b),
+                sum(a)
             ));
-            true
         }
-        (Some(b), Some(a)) => {
-            missing.push(format!(
-                "NPU mem_usage did not grow across the load ({b} -> {a} bytes)"
-            ));
-            false
-        }
+    }
+    match (evidence.mem_usage_before, evidence.mem_usage_after) {
+        (Some(b), Some(a)) => details.push(format!(
+            "device-wide NPU mem_usage {b} -> {a} bytes (supporting detail, proves nothing alone)"
+        )),
         _ => {
-            missing.push("NPU mem_usage is not readable (not every driver has it)".to_owned());
-            false
+            details.push("device-wide NPU mem_usage not readable (not every driver has it)".into())
         }
-    };
+    }
     missing.extend(evidence.notes.iter().cloned());
-    if placed != Some(false) && (busy || mem) {
+    if placed != Some(false) && (commands || busy) {
         if placed.is_none() {
-            proofs.push("node placement unknown (not reported by this loop)".to_owned());
+            proofs.push(
+                unknown_weights.unwrap_or_else(|| {
+                    "node placement by weight unknown (not reported)".to_owned()
+                }),
+            );
         }
+        proofs.extend(details);
         Residency {
             state: ResidencyState::Proven,
             reasons: proofs,
             evidence,
         }
     } else {
+        missing.extend(unknown_weights);
+        missing.extend(details);
         Residency {
             state: ResidencyState::Unproven,
             reasons: missing,
@@ -375,8 +617,55 @@ mod tests {
         assert_eq!(p.total(), 29);
         assert_eq!(
             p.to_string(),
+            "CPUExecutionProvider: 26 nodes, 10.0% of weights, \
+             RyzenAILightExecutionProvider: 3 nodes, 90.0% of weights"
+        );
+        assert_eq!(
+            Placement::of_nodes(p.nodes.clone()).to_string(),
             "CPUExecutionProvider: 26, RyzenAILightExecutionProvider: 3"
         );
+    }
+
+    #[test]
+    fn weights_count_for_the_provider_that_runs_all_their_consumers() {
+        let assigned: BTreeMap<String, Vec<String>> = [
+            (
+                PROVIDER_NAME.to_owned(),
+                vec!["mm0".to_owned(), "mm1".to_owned()],
+            ),
+            (
+                "CPUExecutionProvider".to_owned(),
+                vec!["gather".to_owned(), "add".to_owned()],
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let weights: std::collections::HashMap<String, (u64, Vec<String>)> = [
+            ("w0", 600, vec!["mm0"]),
+            ("w1", 200, vec!["mm1", "mm0"]),
+            ("emb", 150, vec!["gather"]),
+            ("shared", 40, vec!["mm1", "add"]),
+            ("fused_away", 10, vec!["renamed_by_ort"]),
+            ("unused", 1000, vec![]),
+        ]
+        .into_iter()
+        .map(|(n, b, c)| (n.to_owned(), (b, c.into_iter().map(String::from).collect())))
+        .collect();
+        let p = Placement::weigh(&assigned, Some(&weights));
+        assert_eq!(p.total_weight_bytes, Some(1000));
+        assert_eq!(
+            p.weight_bytes.as_ref().expect("weighed")[PROVIDER_NAME],
+            800
+        );
+        assert_eq!(
+            p.weight_bytes.as_ref().expect("weighed")["CPUExecutionProvider"],
+            150
+        );
+        assert_eq!(p.weight_share(PROVIDER_NAME), Some(0.8));
+        assert_eq!(p.nodes_on(PROVIDER_NAME), 2);
+        let unweighed = Placement::weigh(&assigned, None);
+        assert_eq!(unweighed.weight_share(PROVIDER_NAME), None);
+        assert_eq!(unweighed.total(), 4);
     }
 
     #[test]
@@ -395,13 +684,26 @@ mod tests {
         assert_eq!(u.memory_bytes["drm-resident-memory"], 1 << 20);
     }
 
+    /// `npu` nodes holding 90% of the weights on the provider (none: all on the CPU).
     fn placed(npu: usize, cpu: usize) -> Option<Placement> {
-        let mut m = BTreeMap::new();
+        weighed(npu, cpu, if npu > 0 { 900 } else { 0 })
+    }
+
+    /// A placement whose provider nodes hold `npu_bytes` of 1000 weight bytes.
+    fn weighed(npu: usize, cpu: usize, npu_bytes: u64) -> Option<Placement> {
+        let mut nodes = BTreeMap::new();
+        let mut w = BTreeMap::new();
         if npu > 0 {
-            m.insert(PROVIDER_NAME.to_owned(), npu);
+            nodes.insert(PROVIDER_NAME.to_owned(), npu);
+            w.insert(PROVIDER_NAME.to_owned(), npu_bytes);
         }
-        m.insert("CPUExecutionProvider".to_owned(), cpu);
-        Some(Placement(m))
+        nodes.insert("CPUExecutionProvider".to_owned(), cpu);
+        w.insert("CPUExecutionProvider".to_owned(), 1000 - npu_bytes);
+        Some(Placement {
+            nodes,
+            weight_bytes: Some(w),
+            total_weight_bytes: Some(1000),
+        })
     }
 
     fn busy(ns: u64) -> Option<AccelUsage> {
@@ -410,33 +712,198 @@ mod tests {
         Some(u)
     }
 
+    /// A memory-only fdinfo, as mainline amdxdna prints it (when it prints anything).
+    fn memory_only(kib: u64) -> Option<AccelUsage> {
+        let mut u = AccelUsage::default();
+        u.add_fdinfo(&format!(
+            "drm-driver:\tamdxdna_accel_driver\ndrm-total-memory:\t{kib} KiB\n"
+        ));
+        Some(u)
+    }
+
+    const ME: i64 = 4321;
+    const OTHER: i64 = 999;
+
+    /// Counters read through the fake device as the kernel lays them out.
+    fn counters(contexts: Vec<xdna::HwContext>) -> Option<Counters> {
+        use xdna::fake::{Driver, FakeXdna};
+        Some(counters_from(&FakeXdna::new(Driver::Mainline, contexts)))
+    }
+
+    fn with_counters(
+        placement: Option<Placement>,
+        before: Vec<xdna::HwContext>,
+        after: Vec<xdna::HwContext>,
+    ) -> Residency {
+        weigh_npu(Evidence {
+            placement,
+            pid: ME,
+            counters_before: counters(before),
+            counters_after: counters(after),
+            accel_before: memory_only(100),
+            accel_after: memory_only(100),
+            decode_steps: 8,
+            ..Evidence::default()
+        })
+    }
+
     #[test]
-    fn proven_needs_placement_and_activity() {
+    fn completions_of_our_own_context_prove_residency() {
+        use xdna::fake::ctx;
+        let r = with_counters(
+            placed(40, 10),
+            vec![ctx(1, ME, 10), ctx(1, OTHER, 5)],
+            vec![ctx(1, ME, 26), ctx(1, OTHER, 5)],
+        );
+        assert_eq!(r.state, ResidencyState::Proven, "{r}");
+        let text = r.to_string();
+        assert!(
+            text.contains("the NPU completed 16 commands for this worker's hardware context (pid 4321) over 8 decode steps (GET_ARRAY(HW_CONTEXT_ALL), amdxdna_accel_driver 0.6.0)"),
+            "{text}"
+        );
+        assert!(text.contains("90.0% of the weights"), "{text}");
+        // Unknown placement (onnxruntime-genai's loop) leaves it to the counters.
+        let r = with_counters(None, vec![ctx(1, ME, 10)], vec![ctx(1, ME, 11)]);
+        assert!(r.is_proven(), "{r}");
+        assert!(r.to_string().contains("placement by weight unknown"), "{r}");
+    }
+
+    #[test]
+    fn completions_of_another_process_prove_nothing() {
+        use xdna::fake::ctx;
+        let r = with_counters(
+            placed(40, 10),
+            vec![ctx(1, OTHER, 10)],
+            vec![ctx(1, OTHER, 900)],
+        );
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        assert!(
+            r.to_string()
+                .contains("no hardware context of this worker (pid 4321; contexts of pids [999]"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn flat_counters_prove_nothing() {
+        use xdna::fake::ctx;
+        let r = with_counters(placed(40, 10), vec![ctx(1, ME, 10)], vec![ctx(1, ME, 10)]);
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        assert!(
+            r.to_string().contains(
+                "completed no NPU command over 8 decode steps (GET_ARRAY(HW_CONTEXT_ALL): 10 -> 10)"
+            ),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn growing_memory_without_completions_proves_nothing() {
+        use xdna::fake::ctx;
+        let r = weigh_npu(Evidence {
+            placement: placed(40, 10),
+            pid: ME,
+            counters_before: counters(vec![ctx(1, ME, 10)]),
+            counters_after: counters(vec![ctx(1, ME, 10)]),
+            accel_before: memory_only(100),
+            accel_after: memory_only(700_000),
+            mem_usage_before: Some(1 << 20),
+            mem_usage_after: Some(700 << 20),
+            decode_steps: 8,
+            notes: vec![],
+        });
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        let text = r.to_string();
+        assert!(
+            text.contains("supporting detail, proves nothing alone"),
+            "{text}"
+        );
+        assert!(text.contains("1048576 -> 734003200"), "{text}");
+    }
+
+    #[test]
+    fn a_trivial_node_on_the_provider_is_not_placement() {
+        use xdna::fake::ctx;
+        // The provider claimed 2 nodes holding no weight; its context even completed commands.
+        let r = with_counters(weighed(2, 300, 0), vec![ctx(1, ME, 1)], vec![ctx(1, ME, 9)]);
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        assert!(
+            r.to_string().contains(
+                "placed 2 of 302 nodes on RyzenAILightExecutionProvider but only 0.0% of the weights"
+            ),
+            "{r}"
+        );
+        // 40% is still not most of the model.
+        let r = with_counters(
+            weighed(20, 300, 400),
+            vec![ctx(1, ME, 1)],
+            vec![ctx(1, ME, 9)],
+        );
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        // Nodes but unread weights: not a refutation, not a proof; the counters decide.
+        let mut p = placed(3, 26).expect("placement");
+        p.weight_bytes = None;
+        let r = with_counters(Some(p), vec![ctx(1, ME, 1)], vec![ctx(1, ME, 9)]);
+        assert!(r.is_proven(), "{r}");
+        assert!(
+            r.to_string().contains("which weights they hold is unknown"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn unavailable_counters_are_never_a_pass() {
+        use xdna::fake::{Driver, FakeXdna};
+        let enotty = Some(counters_from(&FakeXdna::new(Driver::NotDrm, vec![])));
+        let r = weigh_npu(Evidence {
+            placement: placed(40, 10),
+            pid: ME,
+            counters_before: enotty.clone(),
+            counters_after: enotty,
+            accel_before: memory_only(1),
+            accel_after: memory_only(2),
+            decode_steps: 8,
+            ..Evidence::default()
+        });
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        assert!(
+            r.to_string().contains(
+                "hardware-context counters unavailable: DRM_IOCTL_VERSION: ENOTTY (not a DRM device)"
+            ),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn fdinfo_busy_time_is_a_second_source() {
         let r = weigh_npu(Evidence {
             placement: placed(1, 12),
             accel_before: busy(100),
             accel_after: busy(5100),
             decode_steps: 8,
+            counters_before: Some(Counters::Unavailable {
+                reason: "no accel fd".into(),
+            }),
             ..Evidence::default()
         });
         assert_eq!(r.state, ResidencyState::Proven, "{r}");
         assert!(r.to_string().contains("busy 5000 ns"), "{r}");
-        assert!(r.to_string().contains("placed 1 of 13 nodes"), "{r}");
-
-        // mem_usage growth alone is activity too.
         let r = weigh_npu(Evidence {
-            placement: placed(2, 0),
-            mem_usage_before: Some(10),
-            mem_usage_after: Some(20),
+            accel_before: busy(10),
+            accel_after: busy(10),
             ..Evidence::default()
         });
-        assert!(r.is_proven(), "{r}");
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
     }
 
     #[test]
     fn a_declined_graph_is_unproven_even_with_an_open_busy_accel_fd() {
+        use xdna::fake::ctx;
         let r = weigh_npu(Evidence {
             placement: placed(0, 29),
+            pid: ME,
+            counters_before: counters(vec![ctx(1, ME, 1)]),
+            counters_after: counters(vec![ctx(1, ME, 5)]),
             accel_before: busy(100),
             accel_after: busy(200),
             mem_usage_before: Some(1),
@@ -449,46 +916,17 @@ mod tests {
     }
 
     #[test]
-    fn placement_without_activity_is_unproven_with_every_reason() {
+    fn nothing_observed_lists_every_reason() {
         let r = weigh_npu(Evidence {
-            placement: placed(3, 26),
-            accel_before: busy(100),
-            accel_after: busy(100),
-            decode_steps: 8,
             notes: vec!["mem_usage: permission denied".into()],
             ..Evidence::default()
         });
         assert_eq!(r.state, ResidencyState::Unproven);
         let text = r.to_string();
-        assert!(
-            text.contains("did not grow over 8 decode steps (100 -> 100 ns)"),
-            "{text}"
-        );
-        assert!(text.contains("mem_usage is not readable"), "{text}");
+        assert!(r.reasons[0].contains("placement is unknown"), "{text}");
+        assert!(text.contains("counters not read"), "{text}");
+        assert!(text.contains("no readable accel fd"), "{text}");
         assert!(text.contains("permission denied"), "{text}");
-        let r = weigh_npu(Evidence::default());
-        assert_eq!(r.state, ResidencyState::Unproven);
-        assert_eq!(r.reasons.len(), 3, "{r}");
-        assert!(r.reasons[0].contains("placement is unknown"));
-        assert!(r.reasons[1].contains("no readable accel fd"));
-    }
-
-    #[test]
-    fn unknown_placement_leaves_it_to_the_device_counters() {
-        let r = weigh_npu(Evidence {
-            accel_before: busy(10),
-            accel_after: busy(20),
-            decode_steps: 8,
-            ..Evidence::default()
-        });
-        assert!(r.is_proven(), "{r}");
-        assert!(r.to_string().contains("node placement unknown"), "{r}");
-        let r = weigh_npu(Evidence {
-            accel_before: busy(10),
-            accel_after: busy(10),
-            ..Evidence::default()
-        });
-        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
     }
 
     #[test]
@@ -498,5 +936,15 @@ mod tests {
         assert_eq!(v["state"], "failed");
         assert_eq!(v["reasons"][0], "No RyzenAI devices detected");
         assert_eq!(v["evidence"]["placement"], serde_json::Value::Null);
+        use xdna::fake::ctx;
+        let r = with_counters(placed(3, 1), vec![ctx(7, ME, 1)], vec![ctx(7, ME, 3)]);
+        let v = serde_json::to_value(&r).expect("json");
+        let after = &v["evidence"]["counters_after"];
+        assert_eq!(after["state"], "read");
+        assert_eq!(after["query"], "get_array");
+        assert_eq!(after["contexts"][0]["command_completions"], 3);
+        assert_eq!(after["contexts"][0]["pid"], ME);
+        assert_eq!(v["evidence"]["placement"]["nodes"][PROVIDER_NAME], 3);
+        assert_eq!(v["evidence"]["placement"]["total_weight_bytes"], 1000);
     }
 }

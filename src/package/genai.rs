@@ -193,6 +193,10 @@ impl Default for OutputNames {
 pub struct SearchSection {
     pub max_length: Option<usize>,
     pub past_present_share_buffer: bool,
+    /// Prefill in runs of at most this many tokens (onnxruntime-genai's `search.chunk_size`; 0 or
+    /// absent: one run). AMD's long-context NPU packages set it with the provider's own chunking.
+    #[serde(deserialize_with = "positive_or_none")]
+    pub chunk_size: Option<usize>,
     pub do_sample: bool,
     pub temperature: f32,
     pub top_k: usize,
@@ -205,6 +209,7 @@ impl Default for SearchSection {
         Self {
             max_length: None,
             past_present_share_buffer: false,
+            chunk_size: None,
             do_sample: false,
             temperature: 1.0,
             top_k: 50,
@@ -212,6 +217,12 @@ impl Default for SearchSection {
             min_length: 0,
         }
     }
+}
+
+/// A count where onnxruntime-genai treats 0 or a negative number as "off" (it reads a double).
+fn positive_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let v = Option::<f64>::deserialize(d)?;
+    Ok(v.filter(|v| *v >= 1.0).map(|v| v as usize))
 }
 
 /// Expands an OGA name pattern (`past_key_values.%d.key`) for one layer.
@@ -253,17 +264,83 @@ impl GenaiConfig {
         if self.model.context_length == 0 {
             return Err("model.context_length is 0".into());
         }
-        if self.search.past_present_share_buffer && self.search.max_length.is_none() {
-            return Err("search.past_present_share_buffer needs search.max_length".into());
+        // onnxruntime-genai refuses this at generator creation ("max_length cannot be greater
+        // than model context_length"); a missing or 0 max_length means context_length.
+        if let Some(m) = self.search.max_length
+            && m > self.model.context_length
+        {
+            return Err(format!(
+                "search.max_length ({m}) cannot be greater than model.context_length ({})",
+                self.model.context_length
+            ));
         }
         Ok(())
     }
 
-    /// Total tokens (prompt + generated) one sequence may hold.
+    /// Total tokens (prompt + generated) one sequence may hold: `search.max_length`, which
+    /// defaults to `model.context_length` as in onnxruntime-genai.
     pub fn token_budget(&self) -> usize {
         match self.search.max_length {
             Some(m) if m > 0 => m.min(self.model.context_length),
             _ => self.model.context_length,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(search: serde_json::Value) -> GenaiConfig {
+        serde_json::from_value(serde_json::json!({
+            "model": {
+                "type": "qwen2", "context_length": 4096, "vocab_size": 100, "eos_token_id": 1,
+                "decoder": {"filename": "model.onnx", "head_size": 4, "hidden_size": 8,
+                    "num_attention_heads": 2, "num_hidden_layers": 1, "num_key_value_heads": 1}
+            },
+            "search": search,
+        }))
+        .expect("config")
+    }
+
+    #[test]
+    fn search_fields_as_onnxruntime_genai_reads_them() {
+        // A shared buffer without max_length: onnxruntime-genai takes context_length.
+        let c = config(serde_json::json!({"past_present_share_buffer": true}));
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.token_budget(), 4096);
+        // max_length above the context is refused, as onnxruntime-genai refuses it.
+        let c = config(serde_json::json!({"max_length": 5000}));
+        assert_eq!(
+            c.validate(),
+            Err(
+                "search.max_length (5000) cannot be greater than model.context_length (4096)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            config(serde_json::json!({"max_length": 1024})).token_budget(),
+            1024
+        );
+        // chunk_size: a positive number turns chunking on; 0 or less leaves it off.
+        assert_eq!(
+            config(serde_json::json!({"chunk_size": 256}))
+                .search
+                .chunk_size,
+            Some(256)
+        );
+        assert_eq!(
+            config(serde_json::json!({"chunk_size": 0}))
+                .search
+                .chunk_size,
+            None
+        );
+        assert_eq!(
+            config(serde_json::json!({"chunk_size": -4}))
+                .search
+                .chunk_size,
+            None
+        );
+        assert_eq!(config(serde_json::json!({})).search.chunk_size, None);
     }
 }

@@ -155,6 +155,37 @@ fn read_model(path: &Path) -> Result<ModelProto, OptimizeError> {
     })
 }
 
+/// A graph's weights: initializer name -> (its bytes, the main-graph nodes that consume it).
+/// Residency weighs ONNX Runtime's node placement with it (`npu::residency::Placement`).
+pub type GraphWeights = HashMap<String, (u64, Vec<String>)>;
+
+/// Reads the initializers of `path`'s main graph and their consumers. Only the graph file is
+/// read: external data is sized from the tensor's dims and type, not loaded.
+pub fn graph_weights(path: &Path) -> Result<GraphWeights, OptimizeError> {
+    let model = read_model(path)?;
+    let g = &model.graph;
+    let mut out: GraphWeights = g
+        .initializer
+        .iter()
+        .map(|t| {
+            let count = t.dims.iter().product::<i64>().max(0) as u64;
+            let bits = match EnumOrUnknown::<DataType>::from_i32(t.data_type).enum_value() {
+                Ok(DataType::INT4 | DataType::UINT4) => 4,
+                _ => elem_size(t.data_type).unwrap_or(0) as u64 * 8,
+            };
+            (t.name.clone(), ((count * bits).div_ceil(8), Vec::new()))
+        })
+        .collect();
+    for n in &g.node {
+        for i in &n.input {
+            if let Some((_, consumers)) = out.get_mut(i) {
+                consumers.push(n.name.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// What `models check` says of a package's lm_head: the head as the graph has it, checked
 /// against the package's logits manifest; `Err` when they disagree. A head this module cannot
 /// read is only a note for a package that was never optimized (nothing depends on it then).

@@ -45,10 +45,13 @@ pub fn builder(env: &Environment, threads: &ThreadPlan) -> Result<SessionBuilder
 
 /// genai_config.json's `session_options` of a package in `dir`, applied as onnxruntime-genai
 /// applies them. An explicit thread count was already folded into the [`ThreadPlan`].
+/// `ep_dirs`: the directories of the provider libraries the session will use (the second place
+/// a relative `custom_ops_library` is looked for, see [`custom_ops_path`]).
 pub fn apply_genai(
     builder: SessionBuilder,
     so: &SessionOptions,
     dir: &Path,
+    ep_dirs: &[PathBuf],
 ) -> Result<SessionBuilder, SessionError> {
     let mut builder = builder
         .with_optimization_level(optimization_level(so.graph_optimization_level.as_deref()))?;
@@ -60,7 +63,9 @@ pub fn apply_genai(
         builder = builder.with_config_entry(k, v)?;
     }
     if let Some(lib) = &so.custom_ops_library {
-        let path = dir.join(lib);
+        let cwd = std::env::current_dir().ok();
+        let path = custom_ops_path(Path::new(lib), dir, ep_dirs, cwd.as_deref());
+        tracing::info!("custom_ops_library {lib:?}: {}", path.display());
         builder = builder
             .with_operator_library(&path)
             .map_err(|e| SessionError::CustomOps {
@@ -69,6 +74,28 @@ pub fn apply_genai(
             })?;
     }
     Ok(builder)
+}
+
+/// Where a `custom_ops_library` is loaded from, in onnxruntime-genai's order
+/// (`Model::CreateSessionOptionsFromConfig`): an absolute path as is; a relative one under the
+/// package directory, then under each provider library's directory, then under the working
+/// directory, the first that exists; none existing, the name as written, for the dynamic
+/// loader's own search (LD_LIBRARY_PATH, the system paths).
+pub fn custom_ops_path(
+    lib: &Path,
+    package_dir: &Path,
+    ep_dirs: &[PathBuf],
+    cwd: Option<&Path>,
+) -> PathBuf {
+    if lib.is_absolute() {
+        return lib.to_path_buf();
+    }
+    std::iter::once(package_dir)
+        .chain(ep_dirs.iter().map(PathBuf::as_path))
+        .chain(cwd)
+        .map(|d| d.join(lib))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| lib.to_path_buf())
 }
 
 /// genai_config.json's `graph_optimization_level`; anything else (or nothing) is ONNX Runtime's
@@ -133,6 +160,27 @@ fn apply_knobs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn custom_ops_are_looked_up_as_onnxruntime_genai_does() {
+        let t = crate::testutil::tempdir("custom-ops");
+        let (pkg, ep, cwd) = (t.join("pkg"), t.join("ep"), t.join("cwd"));
+        for d in [&pkg, &ep, &cwd] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        let lib = Path::new("libops.so");
+        let find = || custom_ops_path(lib, &pkg, std::slice::from_ref(&ep), Some(&cwd));
+        // Nowhere: the name as written, for the loader's search.
+        assert_eq!(find(), PathBuf::from("libops.so"));
+        std::fs::write(cwd.join(lib), b"").expect("write");
+        assert_eq!(find(), cwd.join(lib));
+        std::fs::write(ep.join(lib), b"").expect("write");
+        assert_eq!(find(), ep.join(lib));
+        std::fs::write(pkg.join(lib), b"").expect("write");
+        assert_eq!(find(), pkg.join(lib));
+        let abs = t.join("elsewhere.so");
+        assert_eq!(custom_ops_path(&abs, &pkg, &[], None), abs);
+    }
 
     #[test]
     fn genai_names_map_to_ort_levels() {

@@ -85,6 +85,13 @@ pub struct Metrics {
     /// Requests by their own decode rate (codes over their decode time), in [`STREAM_RATE_BUCKETS`].
     stream_rates: [AtomicU64; STREAM_RATE_BUCKETS.len()],
     stream_rates_sum_milli: AtomicU64,
+    /// NPU commands the driver counted for finished requests, and the requests it counted none
+    /// for (they ran as a CPU fallback).
+    npu_commands: AtomicU64,
+    npu_idle_requests: AtomicU64,
+    npu_counted_requests: AtomicU64,
+    /// The last finished request's NPU commands, plus one (0: not counted).
+    last_npu_commands: AtomicU64,
 }
 
 /// Upper bounds (codes/s) of the per-stream rate histogram; real time is 50.
@@ -125,8 +132,20 @@ impl Metrics {
         audio_seconds: f64,
         t: &StageTimings,
         finish: StopReason,
+        npu_commands: Option<u64>,
     ) {
         self.codes.fetch_add(codes as u64, Ordering::Relaxed);
+        if let Some(n) = npu_commands {
+            self.npu_commands.fetch_add(n, Ordering::Relaxed);
+            self.npu_counted_requests.fetch_add(1, Ordering::Relaxed);
+            if n == 0 && codes > 0 {
+                self.npu_idle_requests.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.last_npu_commands.store(
+            npu_commands.map_or(0, |n| n.saturating_add(1)),
+            Ordering::Relaxed,
+        );
         if finish == StopReason::Cancelled {
             self.cancelled.fetch_add(1, Ordering::Relaxed);
         }
@@ -158,6 +177,14 @@ impl Metrics {
         }
     }
 
+    /// The last finished request's NPU commands (`None`: not on the NPU, not countable, or no
+    /// request yet).
+    pub fn last_npu_commands(&self) -> Option<u64> {
+        self.last_npu_commands
+            .load(Ordering::Relaxed)
+            .checked_sub(1)
+    }
+
     pub fn codes_total(&self) -> u64 {
         self.codes.load(Ordering::Relaxed)
     }
@@ -184,6 +211,14 @@ impl Metrics {
                 n.load(Ordering::Relaxed)
             ));
         }
+        s.push_str(&format!(
+            "# HELP onebit_npu_commands_total NPU commands the amdxdna driver counted as completed for finished requests (hardware-context counters).\n# TYPE onebit_npu_commands_total counter\nonebit_npu_commands_total {}\n\
+             # HELP onebit_npu_counted_requests_total Finished requests whose NPU commands were counted.\n# TYPE onebit_npu_counted_requests_total counter\nonebit_npu_counted_requests_total {}\n\
+             # HELP onebit_npu_requests_without_commands_total Requests on --device npu that made codes while the NPU completed no command for them (a CPU fallback).\n# TYPE onebit_npu_requests_without_commands_total counter\nonebit_npu_requests_without_commands_total {}\n",
+            self.npu_commands.load(Ordering::Relaxed),
+            self.npu_counted_requests.load(Ordering::Relaxed),
+            self.npu_idle_requests.load(Ordering::Relaxed),
+        ));
         render_labelled(
             &mut s,
             "onebit_requests_rejected_total",
@@ -348,5 +383,33 @@ impl Metrics {
             self.stream_rates_sum_milli.load(Ordering::Relaxed) as f64 / 1000.0
         ));
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npu_commands_are_counted_per_request_and_an_idle_npu_request_is_named() {
+        let m = Metrics::default();
+        assert_eq!(m.last_npu_commands(), None);
+        let t = StageTimings::default();
+        m.generated(100, 2.0, &t, StopReason::Length, Some(640));
+        assert_eq!(m.last_npu_commands(), Some(640));
+        // Codes made while the NPU completed nothing: a CPU fallback.
+        m.generated(50, 1.0, &t, StopReason::Length, Some(0));
+        assert_eq!(m.last_npu_commands(), Some(0));
+        // Not on the NPU (or not countable): unknown, counted nowhere.
+        m.generated(50, 1.0, &t, StopReason::Length, None);
+        assert_eq!(m.last_npu_commands(), None);
+        let text = m.render(&SchedulerStats::default(), 1);
+        for line in [
+            "onebit_npu_commands_total 640\n",
+            "onebit_npu_counted_requests_total 2\n",
+            "onebit_npu_requests_without_commands_total 1\n",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
     }
 }

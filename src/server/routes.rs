@@ -195,6 +195,9 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         "device": st.cfg.device,
         "engine": st.engine,
         "residency": st.synth.residency(),
+        // The driver's count for the last finished request (null: not on the NPU, not
+        // countable, or none yet).
+        "last_request": { "npu_commands": st.metrics.last_npu_commands() },
         "runtime": st.synth.runtime(),
         "queue_depth": st.metrics.queued.load(Ordering::SeqCst),
         "running": st.metrics.running.load(Ordering::SeqCst),

@@ -17,7 +17,8 @@ use crate::synth::{SpeechRequest, SynthEvent, SynthesisReport};
 
 pub(super) enum Chunk {
     Bytes(Vec<u8>),
-    Done(Result<SynthesisReport, ApiError>),
+    // Boxed: a report is far larger than a chunk of bytes, and there is one per request.
+    Done(Result<Box<SynthesisReport>, ApiError>),
 }
 
 /// Chunks that may wait between the synthesis and the response body. The synthesis blocks when
@@ -155,6 +156,7 @@ pub(super) async fn run_job(
             report.audio_seconds(),
             &report.timings,
             report.stop,
+            report.npu_commands,
         );
     }
     drop(admission);
@@ -199,5 +201,5 @@ pub(super) async fn run_job(
             )))
         }
     };
-    let _ = tx.send(Chunk::Done(done)).await;
+    let _ = tx.send(Chunk::Done(done.map(Box::new))).await;
 }

@@ -127,6 +127,9 @@ pub struct SynthesisReport {
     /// was cancelled (the joins of the audio were planned for these).
     pub planned_pieces: usize,
     pub timings: StageTimings,
+    /// On the NPU: commands its driver counted as completed for this request, summed over its
+    /// pieces (`None`: not on the NPU, or no piece could be counted).
+    pub npu_commands: Option<u64>,
 }
 
 /// What one piece of a request was given and made.
@@ -150,13 +153,21 @@ impl SynthesisReport {
 
     /// The run's rates and stage times.
     pub fn numbers(&self) -> crate::metrics::RunNumbers {
-        crate::metrics::RunNumbers::new(
+        let mut n = crate::metrics::RunNumbers::new(
             self.codes.len(),
             self.stop.finish_reason(),
             self.prompt_tokens,
             self.audio_seconds(),
             &self.timings,
-        )
+        );
+        n.npu_commands = self.npu_commands;
+        n
+    }
+
+    /// Codes were made on `--device npu`, yet the NPU's driver counted no command for them: the
+    /// model ran on the CPU for this request.
+    pub fn npu_idle(&self) -> bool {
+        self.npu_commands == Some(0) && !self.codes.is_empty()
     }
 }
 
@@ -259,6 +270,16 @@ impl Synthesizer {
     /// Every rate printed next to this label is labelled truthfully.
     pub fn device_label(&self) -> String {
         device_label(self.device, self.residency().as_ref())
+    }
+
+    /// Where one request ran, as observed: [`Synthesizer::device_label`], except that a request
+    /// for which the NPU completed no command is "cpu fallback" whatever the load proved.
+    pub fn ran_on(&self, report: &SynthesisReport) -> String {
+        if report.npu_idle() {
+            "cpu fallback".to_owned()
+        } else {
+            self.device_label()
+        }
     }
 
     pub fn front_end(&self) -> &FrontEnd {

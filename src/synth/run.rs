@@ -62,6 +62,7 @@ impl Synthesizer {
             pieces: Vec::with_capacity(pieces.len()),
             planned_pieces: pieces.len(),
             timings: StageTimings::default(),
+            npu_commands: None,
         };
         let mut retried = false;
         // The request's max_new_tokens bounds the whole request: what is left of it carries over
@@ -167,6 +168,9 @@ impl Synthesizer {
             }
             out.stop = generation.stop;
             out.codes.extend_from_slice(&generation.codes);
+            if let Some(n) = generation.npu_commands {
+                out.npu_commands = Some(out.npu_commands.unwrap_or(0) + n);
+            }
             out.pieces.push(PieceOutcome {
                 text: piece.text.clone(),
                 prompt_ids: piece.ids.clone(),
@@ -209,6 +213,13 @@ impl Synthesizer {
         out.timings.first_audio = tally.first_audio;
         out.timings.front_end = front_end;
         out.timings.total = t0.elapsed();
+        if out.npu_idle() {
+            tracing::warn!(
+                "{} codes on --device npu, but the NPU's driver counted no command for this \
+                 request: it ran as a CPU fallback",
+                out.codes.len()
+            );
+        }
         Ok(out)
     }
 }

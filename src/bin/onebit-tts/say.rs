@@ -190,7 +190,7 @@ fn say_to(
             output_sample_rate: req.output.sample_rate,
             speed: req.output.speed,
             bytes: report.bytes,
-            device: synth.device_label(),
+            device: synth.ran_on(&report),
             numbers: report.numbers(),
             codes: &codes,
         };
@@ -199,14 +199,18 @@ fn say_to(
     }
     let n = report.numbers();
     eprintln!(
-        "wrote {} — {:.2} s of audio, {} codes, finish {}, {:.1} codes/s ({:.2}x real time) on {}, RTF {:.3}, seed {}, prompt {} tokens",
+        "wrote {} — {:.2} s of audio, {} codes, finish {}, {:.1} codes/s ({:.2}x real time) on {}{}, RTF {:.3}, seed {}, prompt {} tokens",
         output.display(),
         n.audio_s,
         n.codes,
         n.finish,
         n.codes_per_s,
         n.x_real_time,
-        synth.device_label(),
+        synth.ran_on(&report),
+        match n.npu_commands {
+            Some(c) => format!(" ({c} NPU commands)"),
+            None => String::new(),
+        },
         n.rtf,
         report.seed,
         report.prompt_tokens,

@@ -40,7 +40,10 @@ use super::protocol::{
     Generate, Hello, Load, Loaded, Reply, Request, Summary, WireError, read_frame, write_frame,
 };
 use crate::engine::{self, Backbone, CancelToken, Device, EngineError, OgaBackbone, OrtBackbone};
-use crate::npu::residency::{Evidence, Residency, sample_accel, sample_mem_usage, weigh_npu};
+use crate::npu::residency::{
+    Counters, Evidence, Residency, sample_accel, sample_counters, sample_mem_usage, weigh_npu,
+};
+use crate::npu::xdna;
 use crate::npu::{SystemRoots, holds_accel};
 use crate::package::BackbonePackage;
 
@@ -176,6 +179,8 @@ fn serve(
         return ExitCode::FAILURE;
     }
     let mut backbone: Option<Box<dyn Backbone>> = None;
+    // On the NPU: where to read the driver's counters around each generation.
+    let mut npu: Option<SystemRoots> = None;
     let mut code = ExitCode::SUCCESS;
     while let Ok(input) = rx.recv() {
         let sent = match input {
@@ -189,6 +194,7 @@ fn serve(
                     match in_load_phase(phase, &load, || load_backbone(&load)) {
                         Ok((b, loaded)) => {
                             backbone = Some(b);
+                            npu = (load.ort.device == Device::Npu).then(|| load.roots.clone());
                             Reply::Loaded(Box::new(loaded))
                         }
                         Err(e) => {
@@ -203,7 +209,7 @@ fn serve(
                 write_frame(&mut out, &reply)
             }
             Input::Generate(g, token) => {
-                let sent = run(backbone.as_deref_mut(), &g, &token, &mut out);
+                let sent = run(backbone.as_deref_mut(), npu.as_ref(), &g, &token, &mut out);
                 let mut r = running.lock().unwrap_or_else(|p| p.into_inner());
                 if r.as_ref().is_some_and(|(id, _)| *id == g.id) {
                     *r = None;
@@ -330,12 +336,14 @@ fn gather_evidence(
 ) -> Result<Residency, EngineError> {
     let pid = std::process::id();
     let accel_before = sample_accel(pid, roots, &mut notes);
+    let counters_before = sample_counters(roots);
     b.reset();
     b.append(&[0; 8])?;
     for _ in 0..steps {
         b.append(&[0])?;
     }
     b.reset();
+    let counters_after = sample_counters(roots);
     let accel_after = sample_accel(pid, roots, &mut notes);
     let mem_usage_after = if mem_usage_before.is_some() {
         sample_mem_usage(roots, &mut notes)
@@ -344,6 +352,9 @@ fn gather_evidence(
     };
     Ok(weigh_npu(Evidence {
         placement,
+        pid: xdna::driver_pid(&roots.proc),
+        counters_before: Some(counters_before),
+        counters_after: Some(counters_after),
         accel_before,
         accel_after,
         decode_steps: steps,
@@ -356,6 +367,7 @@ fn gather_evidence(
 /// Runs one generation, streaming codes; returns Err only when the reply stream is gone.
 fn run(
     backbone: Option<&mut (dyn Backbone + 'static)>,
+    npu: Option<&SystemRoots>,
     g: &Generate,
     token: &CancelToken,
     out: &mut BufWriter<File>,
@@ -369,6 +381,8 @@ fn run(
             },
         );
     };
+    // The driver's own count of what the NPU did for this request.
+    let before = npu.map(sample_counters);
     let mut broken: Option<io::Error> = None;
     let result = engine::generate(
         backbone,
@@ -388,10 +402,22 @@ fn run(
         return Err(e);
     }
     let reply = match result {
-        Ok(generation) => Reply::Done {
-            id: g.id,
-            summary: Summary::of(&generation),
-        },
+        Ok(mut generation) => {
+            if let (Some(roots), Some(Counters::Read(b))) = (npu, &before) {
+                generation.npu_commands = match sample_counters(roots) {
+                    Counters::Read(a) => Some(xdna::completed_between(
+                        b,
+                        &a,
+                        xdna::driver_pid(&roots.proc),
+                    )),
+                    _ => None,
+                };
+            }
+            Reply::Done {
+                id: g.id,
+                summary: Summary::of(&generation),
+            }
+        }
         Err(e) => {
             tracing::warn!("request {} failed: {e}", g.id);
             Reply::Error {

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::proxy::{WorkerConfig, WorkerEngine};
 use crate::engine::{CustomOpsRoute, ProviderSetup};
-use crate::npu::residency::{Placement, Residency, ResidencyState};
+use crate::npu::residency::{Counters, Placement, Residency, ResidencyState};
 
 /// Exit status of `npu probe` when residency is proven.
 pub const EXIT_PROVEN: u8 = 0;
@@ -29,9 +29,87 @@ pub struct ProbeReport {
     pub engine: Option<String>,
     pub provider_setup: Option<ProviderSetup>,
     pub placement: Option<Placement>,
+    /// The amdxdna hardware-context counters across the evidence run, for this worker.
+    pub npu_counters: CounterSummary,
     pub residency: Residency,
     /// The worker's last log lines when the setup failed.
     pub log_tail: Option<String>,
+}
+
+/// What the driver's hardware-context counters said across the evidence run.
+#[derive(Debug, Clone, Serialize)]
+pub struct CounterSummary {
+    /// `read`, `unavailable`, `failed` or `not_read`.
+    pub state: &'static str,
+    /// Why not read.
+    pub reason: Option<String>,
+    /// The driver (`DRM_IOCTL_VERSION`) and the query that answered.
+    pub driver: Option<String>,
+    pub query: Option<String>,
+    /// The worker's pid as the driver records it.
+    pub pid: Option<i64>,
+    /// Hardware contexts on the device (every process's), after the run.
+    pub contexts: Option<usize>,
+    /// This worker's completed commands before and after the evidence decode steps (`None`: it
+    /// had no hardware context).
+    pub completions_before: Option<u64>,
+    pub completions_after: Option<u64>,
+}
+
+impl CounterSummary {
+    pub fn of(r: &Residency) -> Self {
+        let e = &r.evidence;
+        let mut c = CounterSummary {
+            state: "not_read",
+            reason: None,
+            driver: None,
+            query: None,
+            pid: None,
+            contexts: None,
+            completions_before: None,
+            completions_after: None,
+        };
+        match (&e.counters_before, &e.counters_after) {
+            (Some(Counters::Read(b)), Some(Counters::Read(a))) => {
+                c.state = "read";
+                c.driver = Some(a.driver.to_string());
+                c.query = Some(a.query.to_string());
+                c.pid = Some(e.pid);
+                c.contexts = Some(a.contexts.len());
+                c.completions_before = b.completions_of(e.pid);
+                c.completions_after = a.completions_of(e.pid);
+            }
+            (Some(Counters::Failed { reason }), _) | (_, Some(Counters::Failed { reason })) => {
+                c.state = "failed";
+                c.reason = Some(reason.clone());
+            }
+            (Some(Counters::Unavailable { reason }), _)
+            | (_, Some(Counters::Unavailable { reason })) => {
+                c.state = "unavailable";
+                c.reason = Some(reason.clone());
+            }
+            _ => {}
+        }
+        c
+    }
+
+    fn text(&self) -> String {
+        match self.state {
+            "read" => format!(
+                "{} on {}: {} contexts; this worker (pid {}): completions {} -> {}",
+                self.query.as_deref().unwrap_or("?"),
+                self.driver.as_deref().unwrap_or("?"),
+                self.contexts.unwrap_or(0),
+                self.pid.unwrap_or(0),
+                self.completions_before
+                    .map_or_else(|| "no context".to_owned(), |n| n.to_string()),
+                self.completions_after
+                    .map_or_else(|| "no context".to_owned(), |n| n.to_string()),
+            ),
+            "not_read" => "unknown (not read)".to_owned(),
+            state => format!("{state}: {}", self.reason.as_deref().unwrap_or("?")),
+        }
+    }
 }
 
 impl ProbeReport {
@@ -98,6 +176,7 @@ impl ProbeReport {
                 .as_ref()
                 .map_or_else(unknown, ToString::to_string),
         );
+        line("NPU counters", self.npu_counters.text());
         line("residency", self.residency.state.as_str().to_owned());
         for r in &self.residency.reasons {
             let _ = writeln!(s, "    - {r}");
@@ -131,6 +210,11 @@ pub fn probe(cfg: WorkerConfig) -> ProbeReport {
     let h = worker.handle();
     let hello = h.hello();
     let loaded = h.loaded();
+    let residency = match (&started, loaded.as_ref().and_then(|l| l.residency.clone())) {
+        (Err(e), _) => Residency::failed(e.to_string()),
+        (Ok(()), Some(r)) => r,
+        (Ok(()), None) => Residency::failed("the worker reported no residency evidence"),
+    };
     let report = ProbeReport {
         package,
         runtime: loaded.as_ref().and_then(|l| l.runtime.clone()),
@@ -138,11 +222,8 @@ pub fn probe(cfg: WorkerConfig) -> ProbeReport {
         engine: loaded.as_ref().map(|l| l.engine.clone()),
         provider_setup: loaded.as_ref().and_then(|l| l.provider_setup.clone()),
         placement: loaded.as_ref().and_then(|l| l.placement.clone()),
-        residency: match (&started, loaded.as_ref().and_then(|l| l.residency.clone())) {
-            (Err(e), _) => Residency::failed(e.to_string()),
-            (Ok(()), Some(r)) => r,
-            (Ok(()), None) => Residency::failed("the worker reported no residency evidence"),
-        },
+        npu_counters: CounterSummary::of(&residency),
+        residency,
         log_tail: started.as_ref().err().map(|_| last_lines(&h.log_tail(), 8)),
     };
     let _ = worker.shutdown();

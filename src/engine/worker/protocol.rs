@@ -20,7 +20,8 @@
 //!   `placement` where ONNX Runtime put the nodes, and on the NPU what the provider was given and
 //!   the residency verdict from the worker's own evidence (an evidence run of a few steps);
 //! - `code {id, code}`: one speech code (0..65535), as it is made;
-//! - `done {id, summary}`: the generation ended (stop reason, counts, seed, timings);
+//! - `done {id, summary}`: the generation ended (stop reason, counts, seed, timings, and on the
+//!   NPU the commands its driver counted as completed for it);
 //! - `error {id, error}`: a request failed (`id` null: the load failed).
 //!
 //! The worker's logs go to its stderr, one line each, which the parent forwards into its own log.
@@ -41,7 +42,8 @@ use crate::npu::SystemRoots;
 use crate::npu::residency::{Placement, Residency};
 
 /// Bumped when a message changes shape; `hello` carries it and the parent refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: `loaded`'s placement carries node names' weights; `done` carries NPU command counts.
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest frame either side accepts (a prompt of the whole 4K budget is ~40 KB).
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -170,6 +172,10 @@ pub struct Summary {
     pub seed: u64,
     pub prefill_us: u64,
     pub decode_us: u64,
+    /// On the NPU: commands its driver counted as completed for the worker during this
+    /// generation (`None`: not on the NPU, or the counters could not be read).
+    #[serde(default)]
+    pub npu_commands: Option<u64>,
 }
 
 impl Summary {
@@ -181,6 +187,7 @@ impl Summary {
             seed: g.seed,
             prefill_us: micros(g.prefill),
             decode_us: micros(g.decode),
+            npu_commands: g.npu_commands,
         }
     }
 
@@ -193,6 +200,7 @@ impl Summary {
             seed: self.seed,
             prefill: Duration::from_micros(self.prefill_us),
             decode: Duration::from_micros(self.decode_us),
+            npu_commands: self.npu_commands,
         }
     }
 }

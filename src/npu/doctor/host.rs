@@ -2,6 +2,7 @@
 //! kernel log, commands (xrt-smi) and access(2). [`RealHost`] asks the system; tests implement
 //! [`Host`] with fixed answers.
 
+use crate::npu::xdna::{AccelFd, CountersError, HwContexts, read_contexts};
 use std::ffi::{CString, OsString};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -80,6 +81,20 @@ pub trait Host {
     /// answer would not be about the tree being checked (fake trees).
     fn access_rw(&self, _path: &Path) -> Option<bool> {
         None
+    }
+    /// `modinfo <module>`'s output (which file the kernel loads, its version). Err when it could
+    /// not be asked (fake hosts; no modinfo).
+    fn modinfo(&self, module: &str) -> Result<String, NpuError> {
+        Err(NpuError::Command {
+            program: format!("modinfo {module}"),
+            reason: "not asked of this host".into(),
+        })
+    }
+    /// The amdxdna hardware-context query, run on a fresh fd on `node` (what residency reads).
+    fn hw_contexts(&self, node: &Path) -> Result<HwContexts, CountersError> {
+        let dev = AccelFd::open(node)
+            .map_err(|e| CountersError::Unavailable(format!("opening {}: {e}", node.display())))?;
+        read_contexts(&dev)
     }
 }
 
@@ -233,6 +248,18 @@ impl Host for RealHost {
             stdout: get(out_rx),
             stderr: get(err_rx),
         })
+    }
+
+    fn modinfo(&self, module: &str) -> Result<String, NpuError> {
+        let out = self.run(Path::new("modinfo"), &[module], &[])?;
+        if out.code == Some(0) {
+            Ok(out.stdout)
+        } else {
+            Err(NpuError::Command {
+                program: format!("modinfo {module}"),
+                reason: out.stderr.lines().next().unwrap_or("failed").to_owned(),
+            })
+        }
     }
 
     fn access_rw(&self, path: &Path) -> Option<bool> {

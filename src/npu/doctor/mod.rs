@@ -53,6 +53,8 @@ pub mod names {
     pub const WORKER_ENV: &str = "worker env";
     pub const FW_VERSION: &str = "NPU firmware version";
     pub const DRM_VERSION: &str = "amdxdna DRM version";
+    pub const DRIVER: &str = "amdxdna driver";
+    pub const HW_COUNTERS: &str = "NPU counters";
     pub const KERNEL_LOG: &str = "kernel log";
     pub const VENV_RUNTIME: &str = "venv ONNX Runtime";
     pub const RESIDENCY: &str = "residency";
@@ -168,9 +170,11 @@ pub fn run(inputs: &DoctorInputs, host: &dyn Host) -> Report {
         checks: Vec::new(),
     };
     let module_loaded = d.module();
+    d.driver(module_loaded);
     let pci = d.pci();
     d.firmware_file(pci.as_ref());
     d.accel(module_loaded);
+    let drm = d.hw_counters();
     d.memlock();
     d.hugepages();
     let smi = d.xrt();
@@ -183,7 +187,7 @@ pub fn run(inputs: &DoctorInputs, host: &dyn Host) -> Report {
     }
     let log = host.kernel_log();
     d.firmware_version(pci.as_ref(), smi.as_ref());
-    d.drm_version(log.as_ref().ok().map(String::as_str));
+    d.drm_version(drm, log.as_ref().ok().map(String::as_str));
     d.kernel_log(log, module_loaded);
     d.push(residency_check(inputs.probed.as_ref()));
     Report { checks: d.checks }
@@ -320,11 +324,14 @@ impl Doctor<'_> {
             "built in"
         };
         if taint.contains('O') {
-            self.push(Check::warn(
+            // AMD's Ryzen AI 1.8 Linux install puts this one there (the xrt_plugin amdxdna DKMS
+            // package): a supported route, the other one being the in-tree driver.
+            self.push(Check::pass(
                 names::MODULE,
-                format!("loaded ({how}), out-of-tree build (taint {taint}){kernel}"),
-                "an out-of-tree amdxdna (the vendor XRT's DKMS?) replaced the in-tree one: \
-                 remove that DKMS package and reboot; use dpkg-deb -x for XRT, never dpkg -i",
+                format!(
+                    "loaded ({how}), out-of-tree build (taint {taint}: AMD's DKMS driver from \
+                     the xrt_plugin package, as AMD's Ryzen AI 1.8 install does){kernel}"
+                ),
             ));
         } else {
             self.push(Check::pass(
@@ -333,6 +340,99 @@ impl Doctor<'_> {
             ));
         }
         true
+    }
+
+    /// Which amdxdna the kernel loads, by `modinfo`: AMD's DKMS build (under `updates/` or
+    /// `extra/`, with a version) or the kernel's own (`kernel/drivers/accel/amdxdna`).
+    fn driver(&mut self, module_loaded: bool) {
+        let info = match self.host.modinfo("amdxdna") {
+            Ok(i) => i,
+            Err(e) => {
+                self.push(Check::warn(
+                    names::DRIVER,
+                    format!("unknown: {e}"),
+                    "modinfo amdxdna (kmod) says which build the kernel loads",
+                ));
+                return;
+            }
+        };
+        let field = |k: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(k).map(|v| v.trim().to_owned()))
+        };
+        let file = field("filename:").unwrap_or_default();
+        let version = field("version:");
+        let build = if file.contains("/updates/") || file.contains("/extra/") {
+            "out-of-tree (DKMS; AMD's xrt_plugin amdxdna)"
+        } else if file.contains("/kernel/drivers/accel/amdxdna/") || file == "(builtin)" {
+            "in-tree (the kernel's own)"
+        } else {
+            "unrecognised location"
+        };
+        let detail = format!(
+            "{build}: {}{}{}",
+            if file.is_empty() {
+                "no filename"
+            } else {
+                file.as_str()
+            },
+            version
+                .map(|v| format!(", version {v}"))
+                .unwrap_or_default(),
+            if module_loaded {
+                ""
+            } else {
+                " (not loaded now)"
+            }
+        );
+        self.push(Check::pass(names::DRIVER, detail));
+    }
+
+    /// Runs the hardware-context query residency depends on; returns the driver's version as
+    /// DRM_IOCTL_VERSION gave it.
+    fn hw_counters(&mut self) -> Option<String> {
+        use crate::npu::xdna::CountersError;
+        let node = self.roots().accel_node();
+        if !node.exists() {
+            self.push(Check::skip(
+                names::HW_COUNTERS,
+                format!("not run: {} does not exist", node.display()),
+                "fix the accel node (above), then run doctor again",
+            ));
+            return None;
+        }
+        match self.host.hw_contexts(&node) {
+            Ok(c) => {
+                let version = format!("{}.{}.{}", c.driver.major, c.driver.minor, c.driver.patch);
+                self.push(Check::pass(
+                    names::HW_COUNTERS,
+                    format!(
+                        "{} answered by {}: {} hardware contexts (what residency counts)",
+                        c.query,
+                        c.driver,
+                        c.contexts.len()
+                    ),
+                ));
+                Some(version)
+            }
+            Err(CountersError::Unavailable(why)) if why.starts_with("opening ") => {
+                self.push(Check::skip(
+                    names::HW_COUNTERS,
+                    format!("not run: {why}"),
+                    "see the accel node check: the user needs read/write access",
+                ));
+                None
+            }
+            Err(e) => {
+                self.push(Check::fail(
+                    names::HW_COUNTERS,
+                    format!("the hardware-context query did not answer: {e}"),
+                    "NPU residency is proven by these counters: use an amdxdna that answers \
+                     DRM_IOCTL_AMDXDNA_GET_INFO (every mainline driver since Linux 6.14)",
+                ));
+                None
+            }
+        }
     }
 
     fn pci(&mut self) -> Option<Pci> {
@@ -962,7 +1062,9 @@ impl Doctor<'_> {
             self.push(Check::pass(
                 names::STALE_XRT,
                 format!(
-                    "the venv bundles {} (stale); the worker puts {}/lib first, so it does not win",
+                    "the venv bundles {} (stale) outside the worker's LD_LIBRARY_PATH; {}/lib is \
+                     on it, and the loader searches it before a library's RUNPATH, so the stale \
+                     copy does not win",
                     list.join(", "),
                     xrt.display()
                 ),
@@ -977,6 +1079,8 @@ impl Doctor<'_> {
             xrt_root_knob: self.i.xrt_root_knob.clone(),
             xilinx_xrt: self.i.xilinx_xrt.clone(),
             ld_library_path: std::env::var_os(env::LD_LIBRARY_PATH_VAR),
+            ryzenai_ep_path: crate::native::env_path(env::RYZENAI_EP_PATH_VAR),
+            system_lib_dir: Some(env::system_lib_dir()),
             worker_exe: self.i.worker_exe.clone().unwrap_or_default(),
         };
         match env::worker_env(&inputs) {
@@ -1023,10 +1127,11 @@ impl Doctor<'_> {
         );
     }
 
-    fn drm_version(&mut self, log: Option<&str>) {
-        let found = log
-            .and_then(parse::drm_version_from_log)
-            .map(|v| (v, "kernel log"));
+    fn drm_version(&mut self, ioctl: Option<String>, log: Option<&str>) {
+        let found = ioctl.map(|v| (v, "DRM_IOCTL_VERSION")).or_else(|| {
+            log.and_then(parse::drm_version_from_log)
+                .map(|v| (v, "kernel log"))
+        });
         self.version_line(
             names::DRM_VERSION,
             found,

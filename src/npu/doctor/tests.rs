@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::npu::NpuError;
+use crate::npu::xdna::fake::{Driver, FakeXdna, ctx};
+use crate::npu::xdna::{AccelFd, CountersError, HwContexts, read_contexts};
 
 struct Fake {
     root: crate::testutil::TempDir,
@@ -151,6 +153,12 @@ impl Fake {
             }),
             access: None,
             ran: RefCell::new(Vec::new()),
+            modinfo: Some(
+                "filename:       /lib/modules/6.18.0/kernel/drivers/accel/amdxdna/amdxdna.ko.zst\n\
+                 license:        GPL\n"
+                    .into(),
+            ),
+            xdna: Some(Driver::Mainline),
         }
     }
 }
@@ -165,6 +173,9 @@ struct FakeHost {
     smi: Option<CommandOutput>,
     access: Option<bool>,
     ran: RefCell<Vec<Ran>>,
+    modinfo: Option<String>,
+    /// The driver the accel node answers as (`None`: the real ioctl on the fake tree's node).
+    xdna: Option<Driver>,
 }
 
 impl Host for FakeHost {
@@ -203,6 +214,21 @@ impl Host for FakeHost {
     fn access_rw(&self, _path: &Path) -> Option<bool> {
         self.access
     }
+    fn modinfo(&self, module: &str) -> Result<String, NpuError> {
+        self.modinfo.clone().ok_or(NpuError::Command {
+            program: format!("modinfo {module}"),
+            reason: "modinfo: ERROR: Module amdxdna not found.".into(),
+        })
+    }
+    fn hw_contexts(&self, node: &Path) -> Result<HwContexts, CountersError> {
+        match self.xdna {
+            // Two contexts of another process, as a busy machine has.
+            Some(d) => read_contexts(&FakeXdna::new(d, vec![ctx(1, 77, 5), ctx(2, 77, 9)])),
+            None => read_contexts(&AccelFd::open(node).map_err(|e| {
+                CountersError::Unavailable(format!("opening {}: {e}", node.display()))
+            })?),
+        }
+    }
 }
 
 /// A check's fix, or "" when it has none.
@@ -235,8 +261,22 @@ fn healthy_system_passes_everything() {
         assert!(c.fix.is_none());
     }
     assert_eq!(r.exit_code(), 0);
-    assert_eq!(r.checks.len(), 18, "{}", r.to_text());
-    assert!(r.to_text().ends_with("17 pass, 0 warn, 0 fail, 1 skip\n"));
+    assert_eq!(r.checks.len(), 20, "{}", r.to_text());
+    assert!(r.to_text().ends_with("19 pass, 0 warn, 0 fail, 1 skip\n"));
+    assert_eq!(
+        only(&r, names::HW_COUNTERS).detail,
+        "GET_ARRAY(HW_CONTEXT_ALL) answered by amdxdna_accel_driver 0.6.0: 2 hardware contexts \
+         (what residency counts)"
+    );
+    assert!(
+        only(&r, names::DRIVER)
+            .detail
+            .starts_with("in-tree (the kernel's own): /lib/modules/6.18.0/kernel/drivers/accel/")
+    );
+    assert_eq!(
+        only(&r, names::DRM_VERSION).detail,
+        "0.6.0 (DRM_IOCTL_VERSION), >= 0.6"
+    );
     assert!(only(&r, names::XRT).detail.starts_with("2.19.0 at "));
     assert!(only(&r, names::PCI).detail.contains("rev 0x11"));
     // xrt-smi ran with the XRT's own environment.
@@ -269,8 +309,75 @@ fn module() {
         &r.proc.join("modules"),
         "amdxdna 200704 0 - Live 0x0 (OE)\n",
     );
+    // AMD's Ryzen AI 1.8 install puts exactly this one there: a supported route.
     let rep = run(&f.inputs(), &f.host());
-    assert_eq!(status(&rep, names::MODULE), Status::Warn);
+    assert_eq!(status(&rep, names::MODULE), Status::Pass);
+    assert!(
+        only(&rep, names::MODULE)
+            .detail
+            .contains("AMD's DKMS driver")
+    );
+}
+
+#[test]
+fn which_driver_build_is_loaded() {
+    let f = Fake::healthy("driver");
+    let mut h = f.host();
+    h.modinfo = Some(
+        "filename:       /lib/modules/6.14.0-27-generic/updates/dkms/amdxdna.ko.zst\n\
+         version:        2.25.0_20260102\n"
+            .into(),
+    );
+    let rep = run(&f.inputs(), &h);
+    let c = only(&rep, names::DRIVER);
+    assert_eq!(c.status, Status::Pass);
+    assert_eq!(
+        c.detail,
+        "out-of-tree (DKMS; AMD's xrt_plugin amdxdna): \
+         /lib/modules/6.14.0-27-generic/updates/dkms/amdxdna.ko.zst, version 2.25.0_20260102"
+    );
+    // modinfo could not say: unknown, never a pass.
+    h.modinfo = None;
+    let rep = run(&f.inputs(), &h);
+    let c = only(&rep, names::DRIVER);
+    assert_eq!(c.status, Status::Warn);
+    assert!(c.detail.starts_with("unknown: "), "{}", c.detail);
+}
+
+#[test]
+fn the_hardware_context_query_is_run_and_never_passed_unrun() {
+    let f = Fake::healthy("hwctx");
+    // The fake tree's node is a regular file: the real ioctl answers ENOTTY.
+    let mut h = f.host();
+    h.xdna = None;
+    let rep = run(&f.inputs(), &h);
+    let c = only(&rep, names::HW_COUNTERS);
+    assert_eq!(c.status, Status::Fail, "{}", rep.to_text());
+    assert!(c.detail.contains("ENOTTY"), "{}", c.detail);
+    // The version then comes from the kernel log.
+    assert!(only(&rep, names::DRM_VERSION).detail.contains("kernel log"));
+    // Linux 6.14-6.17 (driver 0.0): GET_INFO answers.
+    h.xdna = Some(Driver::Mainline0);
+    let rep = run(&f.inputs(), &h);
+    let c = only(&rep, names::HW_COUNTERS);
+    assert_eq!(c.status, Status::Pass);
+    assert!(
+        c.detail.starts_with("GET_INFO(QUERY_HW_CONTEXTS) answered"),
+        "{}",
+        c.detail
+    );
+    // Another driver behind the node.
+    h.xdna = Some(Driver::Other);
+    assert_eq!(
+        status(&run(&f.inputs(), &h), names::HW_COUNTERS),
+        Status::Fail
+    );
+    // No node: not run.
+    fs::remove_file(f.roots().accel_node()).expect("rm");
+    let rep = run(&f.inputs(), &h);
+    let c = only(&rep, names::HW_COUNTERS);
+    assert_eq!(c.status, Status::Skip);
+    assert!(c.detail.starts_with("not run: "), "{}", c.detail);
 }
 
 #[test]
@@ -574,6 +681,8 @@ fn versions_against_the_minimums() {
         "1.0.0.166\n",
     );
     let mut h = f.host();
+    // No answer from the device: the kernel log's version.
+    h.xdna = None;
     h.log = Some("[drm] Initialized amdxdna 0.1.0 for 0000:c5:00.1 on minor 0\n".into());
     let rep = run(&f.inputs(), &h);
     assert_eq!(status(&rep, names::FW_VERSION), Status::Warn);
@@ -615,8 +724,10 @@ fn kernel_log_failures() {
     );
     assert!(kl[0].detail.contains("major 7 minor 2"));
     assert_eq!(rep.exit_code(), 1);
-    // Unreadable log: a warning, not a failure.
+    // Unreadable log: a warning, not a failure; nor the device's own answer, the version is
+    // unknown.
     h.log = None;
+    h.xdna = None;
     let rep = run(&f.inputs(), &h);
     assert_eq!(status(&rep, names::KERNEL_LOG), Status::Warn);
     assert_eq!(status(&rep, names::DRM_VERSION), Status::Warn);
