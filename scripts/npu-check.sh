@@ -4,23 +4,35 @@
 # For the owner of the hardware (CI has no NPU; nothing here has run on an NPU yet). One check
 # at a time: it takes a lock (flock on $NPU_CHECK_LOCK) before touching the device. It builds
 # the release binary, records `onebit-tts doctor --json`, runs `onebit-tts npu probe --json`
-# on the model, then starts
+# on the model and one short `onebit-tts say --device npu`, then starts
 #   onebit-tts serve --device npu --require-npu --model $MODEL
-# in the background, asks for speech, and then checks, printing PASS/FAIL per criterion:
+# in the background, asks for speech, and then checks, printing PASS/FAIL per criterion (WARN
+# and INFO lines are recorded, never counted as failures):
 #   0. `onebit-tts doctor` (recorded; its FAILs are shown but do not stop the check)
 #   p. `onebit-tts npu probe`: residency proven (exit 0) before the server starts
+#   c. the probe's "npu_counters": the amdxdna driver's hardware-context counters say the NPU
+#      completed commands for the probe's worker during its evidence run (else a WARN with the
+#      reason: residency may rest on fdinfo busy time instead, and criterion p decides)
+#   s. a short `onebit-tts say --device npu --require-npu --json`: the NPU commands the driver
+#      counted for that one request ("npu_commands" > 0; 0 with codes made is a CPU fallback and
+#      fails; null, not countable, is a WARN)
 #   1. the server becomes healthy
 #   2. POST /v1/audio/speech returns a WAV
 #   3. the worker child holds /dev/accel/accel0 open (/proc/<pid>/fd)
 #   4. the server's log says the worker appended the RyzenAI provider
-#   5. /health says residency "state":"proven" (placement + device activity, from the worker)
-#   6. one SIGTERM to the server ends server and worker within the stop grace
-#   7. nothing was SIGKILLed on the way down
-#   8. the kernel log of the whole run (every line since the lock was taken, not only amdxdna's)
+#   5. /health says residency "state":"proven" (placement by weight + the driver's counters or
+#      busy time, from the worker)
+#   6. /health's "last_request": the NPU commands of the speech request of 2 (as in s)
+#   x. `xrt-smi examine -r aie-partitions`, recorded while the worker holds the NPU (after s
+#      with SERVE=0). An INFO line, never a failure: without xrt-smi it says "unknown"
+#   7. one SIGTERM to the server ends server and worker within the stop grace
+#   8. nothing was SIGKILLed on the way down
+#   9. the kernel log of the whole run (every line since the lock was taken, not only amdxdna's)
 #      has no NPU driver failure and no kernel-wide trouble (Oops, IOMMU faults, hung tasks); it
 #      is read after shutdown, because the device's close path is where SIGKILL damage shows up
 # Then it writes one JSON report to attach to a bug report ($REPORT): the criteria, doctor's and
-# the probe's JSON with their exit codes, the kernel log window, versions, the server log tail.
+# the probe's JSON with their exit codes, the say run's JSON and NPU commands, the server's NPU
+# commands, xrt-smi's output, the kernel log window, versions, the server log tail.
 # Exit status: 0 when every criterion passed, 1 otherwise, 2 on bad usage, 3 when another check
 # holds the lock.
 #
@@ -34,7 +46,9 @@
 #   NO_BUILD=1         use the binary as built (BIN, default target/release/onebit-tts)
 #   HEALTH_TIMEOUT     seconds to wait for /health (default: 300; first NPU loads compile)
 #   SERVE_EXTRA_ARGS   extra words for `onebit-tts serve` (word-split)
-#   SERVE=0            doctor, probe and kernel log only (no server, criteria 1-7 left out)
+#   SERVE=0            no server (criteria 1-8 left out): doctor, probe, say, xrt-smi, kernel log
+#   SAY=0              leave out the say run (criterion s)
+#   SAY_MAX_CODES      code limit of the say run (default: 200, 4 s of audio)
 #   REPORT             where the JSON report goes (default: <work dir>/npu-check-report.json)
 #   NPU_CHECK_LOCK     lock file (default: ${XDG_RUNTIME_DIR:-/tmp}/onebit-npu-check.lock)
 #   LOCK_WAIT          seconds to wait for a check that holds the lock (default 0: say busy,
@@ -60,6 +74,8 @@ case "$GRACE" in '' | *[!0-9]*) GRACE=30 ;; esac
 BIN="${BIN:-$root/target/release/onebit-tts}"
 URL="http://$HOST:$PORT"
 SERVE="${SERVE:-1}"
+SAY="${SAY:-1}"
+SAY_MAX_CODES="${SAY_MAX_CODES:-200}"
 LOCK="${NPU_CHECK_LOCK:-${XDG_RUNTIME_DIR:-/tmp}/onebit-npu-check.lock}"
 LOCK_WAIT="${LOCK_WAIT:-0}"
 
@@ -69,6 +85,11 @@ if [ -z "$MODEL" ]; then
 fi
 case "$LOCK_WAIT" in '' | *[!0-9]*)
     echo "npu-check: LOCK_WAIT must be whole seconds, not '$LOCK_WAIT'" >&2
+    exit 2
+    ;;
+esac
+case "$SAY_MAX_CODES" in '' | *[!0-9]*)
+    echo "npu-check: SAY_MAX_CODES must be a whole number, not '$SAY_MAX_CODES'" >&2
     exit 2
     ;;
 esac
@@ -112,6 +133,14 @@ server=""
 worker=""
 doctor_rc=""
 probe_rc=""
+say_rc=""
+say_device=""
+say_commands=""
+server_commands=""
+smi_path=""
+smi_rc=""
+smi_when=""
+smi_names_worker=""
 klog_source=""
 
 # Each criterion is printed and recorded (tab-separated) for the report.
@@ -128,6 +157,11 @@ fail() {
 warn() {
     printf 'WARN  %s: %s\n' "$1" "$2"
     record WARN "$1" "$2"
+}
+# Recorded for the report; neither a pass nor a failure.
+note() {
+    printf 'INFO  %s: %s\n' "$1" "$2"
+    record INFO "$1" "$2"
 }
 info() { printf '      %s\n' "$*"; }
 
@@ -204,7 +238,88 @@ json_doc() {
     if [ "$first" = "{" ] && [ "$last" = "}" ]; then cat "$1"; else printf 'null'; fi
 }
 json_num() { case "$1" in '' | *[!0-9]*) printf 'null' ;; *) printf '%s' "$1" ;; esac; }
+json_bool() { case "$1" in true | false) printf '%s' "$1" ;; *) printf 'null' ;; esac; }
 read_first() { head -n 1 "$1" 2>/dev/null | tr -d '\n'; }
+
+# One scalar field of a named object in the pretty JSON `npu probe --json` prints (serde's
+# to_string_pretty: one key per line, two spaces per level): the first line `"OBJECT": {`, then
+# that object's own `"FIELD": value` line, one level deeper (or, for an object written on one
+# line, the field on that line). Strings come out without their quotes, null as null; nothing
+# when there is no such field.
+json_get() { # file object field -> value
+    awk -v obj="\"$2\": {" -v key="\"$3\": " '
+        !inside && (i = index($0, obj)) {
+            rest = substr($0, i + length(obj))
+            if ((j = index(rest, key))) {
+                v = substr(rest, j + length(key))
+                sub(/[,}].*$/, "", v)
+                sub(/^"/, "", v)
+                sub(/"$/, "", v)
+                print v
+                exit
+            }
+            inside = 1; match($0, /^ */); want = RLENGTH + 2; next
+        }
+        inside {
+            match($0, /^ */)
+            if (RLENGTH < want) exit
+            if (RLENGTH == want && substr($0, want + 1, length(key)) == key) {
+                v = substr($0, want + 1 + length(key))
+                sub(/,$/, "", v)
+                sub(/^"/, "", v)
+                sub(/"$/, "", v)
+                print v
+                exit
+            }
+        }' "$1" 2>/dev/null
+}
+
+# A field of the one-line JSON `say --json` and /health print: its number (or null/true/false),
+# or its string without the quotes. The first occurrence: both put the fields this script reads
+# ahead of any text a user gave.
+flat_num() { grep -o "\"$2\":[0-9a-z]*" "$1" 2>/dev/null | head -n 1 | cut -d: -f2; }
+flat_str() { grep -o "\"$2\":\"[^\"]*\"" "$1" 2>/dev/null | head -n 1 | cut -d'"' -f4; }
+
+# xrt-smi's own view of the NPU's hardware contexts (`xrt-smi examine -r aie-partitions`, the
+# counters residency reads), from the XRT tree the worker uses: ONEBIT_XRT_ROOT, else XILINX_XRT,
+# else /opt/xilinx/xrt, else one on PATH. Recorded, never a failure: without xrt-smi the report
+# says "unknown". Whether its output names the worker's pid is noted, not judged (its format is
+# XRT's and has not been seen here).
+record_xrt_smi() { # when
+    local xrt="${ONEBIT_XRT_ROOT:-${XILINX_XRT:-/opt/xilinx/xrt}}" limit=""
+    smi_when="$1"
+    if [ -x "$xrt/bin/xrt-smi" ]; then
+        smi_path="$xrt/bin/xrt-smi"
+    elif smi_path="$(command -v xrt-smi 2>/dev/null)" && [ -n "$smi_path" ]; then
+        xrt="$(dirname "$(dirname "$smi_path")")"
+    else
+        smi_path=""
+        note xrt-smi "unknown: no xrt-smi in $xrt/bin or on PATH"
+        return 0
+    fi
+    if command -v timeout >/dev/null; then limit="timeout 60"; fi
+    # An unpacked XRT tree runs only with its own environment; XRT's setup.sh sets the same.
+    # shellcheck disable=SC2086  # $limit is empty or two words on purpose
+    XILINX_XRT="$xrt" LD_LIBRARY_PATH="$xrt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        $limit "$smi_path" examine -r aie-partitions >"$work/xrt-smi.out" 2>&1
+    smi_rc=$?
+    local names=""
+    if [ -n "$worker" ]; then
+        if grep -qw "$worker" "$work/xrt-smi.out"; then
+            smi_names_worker=true
+            names="; it names worker pid $worker"
+        else
+            smi_names_worker=false
+            names="; it does not name worker pid $worker"
+        fi
+    fi
+    if [ "$smi_rc" = 0 ]; then
+        note xrt-smi "examine -r aie-partitions answered ($smi_when)$names; output in the report"
+        head -n 30 "$work/xrt-smi.out" | sed 's/^/      /'
+    else
+        warn xrt-smi "examine -r aie-partitions exit $smi_rc$([ "$smi_rc" = 124 ] && echo ' (timed out after 60 s)') ($smi_when): $(tail -n 1 "$work/xrt-smi.out" | cut -c1-200)"
+    fi
+}
 
 # The report a user attaches to a bug report: everything this run saw, in one JSON file.
 write_report() {
@@ -230,6 +345,16 @@ write_report() {
             "$(json_num "$probe_rc")" "$(json_doc "$work/probe.json")" \
             "$( [ "$(json_doc "$work/probe.json")" = null ] && json_text "$work/probe.json" || printf '""')" \
             "$(json_text "$work/probe.err")"
+        [ -r "$work/say.err" ] && tail -n 100 "$work/say.err" >"$work/say.err.tail"
+        printf '"say": {"exit_code": %s, "device": %s, "npu_commands": %s, "report": %s, "stderr_tail": %s},\n' \
+            "$(json_num "$say_rc")" "$( [ -n "$say_device" ] && json_str "$say_device" || printf 'null')" \
+            "$(json_num "$say_commands")" "$(json_doc "$work/say.json")" "$(json_text "$work/say.err.tail")"
+        printf '"server_npu_commands": %s,\n' "$(json_num "$server_commands")"
+        printf '"xrt_smi": {"path": %s, "state": %s, "when": %s, "exit_code": %s, "names_worker_pid": %s, "output": %s},\n' \
+            "$( [ -n "$smi_path" ] && json_str "$smi_path" || printf 'null')" \
+            "$(json_str "$(if [ -z "$smi_path" ]; then echo unknown; elif [ -z "$smi_rc" ]; then echo not_run; elif [ "$smi_rc" = 0 ]; then echo answered; else echo failed; fi)")" \
+            "$( [ -n "$smi_when" ] && json_str "$smi_when" || printf 'null')" \
+            "$(json_num "$smi_rc")" "$(json_bool "$smi_names_worker")" "$(json_text "$work/xrt-smi.out")"
         printf '"kernel_log": {"source": %s, "since": %s, "lines": %s, "flagged": %s, "other": %s},\n' \
             "$( [ -n "$klog_source" ] && json_str "$klog_source" || printf 'null')" "$(json_str "@$start_epoch")" \
             "$(json_lines "$work/klog")" "$(json_lines "$work/klog.flagged")" "$(json_lines "$work/klog.other")"
@@ -279,13 +404,60 @@ fi
 # Residency as `npu probe` proves it, in its own worker, before the server takes the device.
 "$BIN" npu probe --json --model "$MODEL" >"$work/probe.json" 2>"$work/probe.err"
 probe_rc=$?
-state="$(grep -o '"state": *"[a-z]*"' "$work/probe.json" 2>/dev/null | tail -n 1 | sed 's/.*"\([a-z]*\)"$/\1/')"
+# The residency's own state: the report has other "state" keys (npu_counters, the counters).
+state="$(json_get "$work/probe.json" residency state)"
 case "$probe_rc" in
 0) pass probe "npu probe: residency ${state:-proven} (exit 0)" ;;
 2) fail probe "npu probe: ran, residency ${state:-unproven} (exit 2; reasons in $work/probe.json)" ;;
 3) fail probe "npu probe: setup failed (exit 3; $(tail -n 1 "$work/probe.err" 2>/dev/null | cut -c1-200))" ;;
 *) fail probe "npu probe: exit $probe_rc ($(tail -n 1 "$work/probe.err" 2>/dev/null | cut -c1-200))" ;;
 esac
+
+# c. The amdxdna driver's hardware-context counters in the probe's worker: the first thing to
+# look at when residency is not proven. A missing count (no context) counts from 0.
+c_state="$(json_get "$work/probe.json" npu_counters state)"
+c_pid="$(json_get "$work/probe.json" npu_counters pid)"
+c_before="$(json_get "$work/probe.json" npu_counters completions_before)"
+c_after="$(json_get "$work/probe.json" npu_counters completions_after)"
+c_from="$(json_get "$work/probe.json" npu_counters query) on $(json_get "$work/probe.json" npu_counters driver)"
+case "$c_before" in '' | *[!0-9]*) c_base=0 c_before="no context" ;; *) c_base="$c_before" ;; esac
+case "$c_state" in
+read)
+    case "$c_after" in
+    '' | *[!0-9]*) warn "npu counters" "probe worker pid $c_pid has no hardware context ($c_from): its model did not reach the NPU" ;;
+    *)
+        if [ "$c_after" -gt "$c_base" ]; then
+            pass "npu counters" "probe worker pid $c_pid: the NPU completed $((c_after - c_base)) commands in its evidence run ($c_before -> $c_after; $c_from)"
+        else
+            warn "npu counters" "probe worker pid $c_pid: no command completed in its evidence run ($c_before -> $c_after; $c_from)"
+        fi
+        ;;
+    esac
+    ;;
+'') warn "npu counters" "not in the probe's report (see $work/probe.err)" ;;
+*) warn "npu counters" "$c_state: $(json_get "$work/probe.json" npu_counters reason | cut -c1-200)" ;;
+esac
+
+# s. One short request through `say`, in its own worker, before the server starts (one NPU
+# holder at a time): the commands the driver counted for that request, the same per-request
+# evidence the server reports (criterion 6).
+if [ "$SAY" != 0 ]; then
+    "$BIN" say --model "$MODEL" --device npu --require-npu --voice "$VOICE" \
+        --max-new-tokens "$SAY_MAX_CODES" --json --output "$work/say.wav" -- "$TEXT" \
+        >"$work/say.json" 2>"$work/say.err"
+    say_rc=$?
+    say_commands="$(flat_num "$work/say.json" npu_commands)"
+    say_device="$(flat_str "$work/say.json" device)"
+    if [ "$say_rc" != 0 ]; then
+        fail say "say --device npu: exit $say_rc ($(tail -n 1 "$work/say.err" 2>/dev/null | cut -c1-200))"
+    else
+        case "$say_commands" in
+        0) fail say "say on ${say_device:-?}: codes made, but the NPU completed no command for them: a CPU fallback" ;;
+        '' | *[!0-9]*) warn say "say on ${say_device:-?}: NPU commands not countable (npu_commands ${say_commands:-missing}; the driver's counters could not be read)" ;;
+        *) pass say "say on ${say_device:-?}: the NPU completed $say_commands commands for one request ($work/say.json)" ;;
+        esac
+    fi
+fi
 
 if [ "$SERVE" != 0 ]; then
 
@@ -366,7 +538,27 @@ if [ "$SERVE" != 0 ]; then
         fail residency "/health: $(grep -o '"reasons":\[[^]]*\]' "$work/health.json" 2>/dev/null | head -c 600 || head -c 300 "$work/health.json" 2>/dev/null)"
     fi
 
-    # 6 + 7. One SIGTERM ends everything, nothing SIGKILLed.
+    # 6. The speech request's own NPU commands, as the server counted them: /health's
+    # "last_request" (read in 5, after the request finished).
+    if [ "$healthy" = 1 ] && [ "${code:-}" = 200 ]; then
+        server_commands="$(flat_num "$work/health.json" npu_commands)"
+        case "$server_commands" in
+        0) fail "npu commands" "/health last_request: the NPU completed no command for the speech request: a CPU fallback" ;;
+        '' | *[!0-9]*) warn "npu commands" "/health last_request: npu_commands ${server_commands:-missing} (not countable: the driver's counters could not be read)" ;;
+        *) pass "npu commands" "/health last_request: the NPU completed $server_commands commands for the speech request" ;;
+        esac
+    else
+        fail "npu commands" "not checked: no speech request finished"
+    fi
+
+    # x. xrt-smi's view while the worker holds the NPU.
+    if gone "$server"; then
+        record_xrt_smi "server pid $server already gone"
+    else
+        record_xrt_smi "server pid $server running, worker pid ${worker:-unknown}"
+    fi
+
+    # 7 + 8. One SIGTERM ends everything, nothing SIGKILLed.
     if gone "$server"; then
         fail shutdown "the server was already gone before SIGTERM"
     else
@@ -401,9 +593,12 @@ if [ "$SERVE" != 0 ]; then
         fi
     fi
 
+else
+    # x. Nothing of this check holds the NPU now: xrt-smi shows what else does.
+    record_xrt_smi "SERVE=0: no onebit-tts process on the NPU"
 fi # SERVE
 
-# 8. The kernel log of the whole run: every line since the lock was taken, not only the lines
+# 9. The kernel log of the whole run: every line since the lock was taken, not only the lines
 # amdxdna tags (an IOMMU fault or an Oops names the device, or nothing, but not the driver).
 known='aie2_check_protocol|firmware is not alive|HW Context is not ready|Map host buf failed|Resume failed|Unknown symbol'
 trouble='BUG:|Oops|WARNING: CPU|Call Trace|general protection|IO_PAGE_FAULT|page fault|Kernel panic|blocked for more than|hung_task|iommu.*(fault|error)'
