@@ -4,7 +4,7 @@
 mod common;
 
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use onebit_tts::engine::{
@@ -526,25 +526,6 @@ fn a_generation_that_fills_a_static_cache_ends_with_length() {
     assert_eq!(prompt.len() + g.codes.len(), STATIC_LEN);
 }
 
-/// `models/NAME` in `dir` (files symlinked) with `edit` applied to its genai_config.json.
-fn package_with(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
-    let src = common::model(name);
-    let pkg = dir.join(name);
-    std::fs::create_dir_all(&pkg).unwrap();
-    for e in std::fs::read_dir(&src).unwrap() {
-        let e = e.unwrap();
-        if e.file_name() != "genai_config.json" {
-            std::os::unix::fs::symlink(e.path(), pkg.join(e.file_name())).unwrap();
-        }
-    }
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("genai_config.json")).unwrap())
-            .unwrap();
-    edit(&mut cfg);
-    std::fs::write(pkg.join("genai_config.json"), cfg.to_string()).unwrap();
-    pkg
-}
-
 #[test]
 fn a_graph_without_an_attention_mask_runs_as_onnxruntime_genai_runs_it() {
     // models/tiny-nomask: the chain's weights, no attention_mask input, position_ids instead.
@@ -574,7 +555,8 @@ fn a_package_chunk_size_prefills_in_chunks_with_the_same_codes() {
     assert!(prompt.len() > 7, "a prompt longer than the chunks");
     let want = run(&mut b, &c, &prompt, &greedy(0, Some(200))).codes;
     for name in ["tiny", "tiny-nomask"] {
-        let chunked = package_with(&t, name, |cfg| cfg["search"]["chunk_size"] = 7.into());
+        let chunked =
+            common::package_with(&t, name, name, |cfg| cfg["search"]["chunk_size"] = 7.into());
         let (p, mut b) = common::load_ort(&chunked, KvMode::Shared);
         assert_eq!(p.genai.search.chunk_size, Some(7));
         assert_eq!(
@@ -603,7 +585,7 @@ fn a_shared_buffer_package_gets_its_buffer_at_max_length_as_onnxruntime_genai_si
         b.describe()
     );
     // The package asks for onnxruntime-genai's shared buffer: one of search.max_length.
-    let shared = package_with(&t, "tiny", |cfg| {
+    let shared = common::package_with(&t, "tiny", "tiny", |cfg| {
         cfg["search"]["past_present_share_buffer"] = true.into();
         cfg["search"]["max_length"] = 3000.into();
     });

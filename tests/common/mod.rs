@@ -542,12 +542,16 @@ pub fn stub_ep() -> PathBuf {
         .clone()
 }
 
-/// models/tiny as an NPU package in `dir/npu-pkg`: the same files (symlinked) with a
-/// genai_config.json whose `session_options` gain `session_options` (a JSON object merged in,
-/// e.g. `provider_options` declaring RyzenAI). Returns the package's absolute path.
-pub fn npu_package(dir: &Path, session_options: serde_json::Value) -> PathBuf {
-    let src = model("tiny");
-    let pkg = dir.join("npu-pkg");
+/// `models/NAME` as the package `dir/SUB`: the same files (symlinked) with its
+/// genai_config.json changed by `edit`. Returns the package's absolute path.
+pub fn package_with(
+    dir: &Path,
+    name: &str,
+    sub: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> PathBuf {
+    let src = model(name);
+    let pkg = dir.join(sub);
     std::fs::create_dir_all(&pkg).unwrap();
     for e in std::fs::read_dir(&src).unwrap() {
         let e = e.unwrap();
@@ -558,19 +562,27 @@ pub fn npu_package(dir: &Path, session_options: serde_json::Value) -> PathBuf {
     let mut cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("genai_config.json")).unwrap())
             .unwrap();
-    let so = &mut cfg["model"]["decoder"]["session_options"];
-    for (k, v) in session_options
-        .as_object()
-        .expect("an object of session options")
-    {
-        so[k] = v.clone();
-    }
+    edit(&mut cfg);
     std::fs::write(
         pkg.join("genai_config.json"),
         serde_json::to_string_pretty(&cfg).unwrap(),
     )
     .unwrap();
     pkg.canonicalize().unwrap()
+}
+
+/// models/tiny as an NPU package in `dir/npu-pkg`: its genai_config.json's `session_options`
+/// gain `session_options` (a JSON object merged in, e.g. `provider_options` declaring RyzenAI).
+pub fn npu_package(dir: &Path, session_options: serde_json::Value) -> PathBuf {
+    package_with(dir, "tiny", "npu-pkg", |cfg| {
+        let so = &mut cfg["model"]["decoder"]["session_options"];
+        for (k, v) in session_options
+            .as_object()
+            .expect("an object of session options")
+        {
+            so[k] = v.clone();
+        }
+    })
 }
 
 // ---- Continuous batching helpers shared by the batching and llama engine tests. ----
