@@ -293,7 +293,8 @@ pub fn next_chunk(left: usize, chunk: usize) -> usize {
 pub fn next_chunk_within(left: usize, chunk: usize, limit: Option<usize>) -> usize {
     match limit {
         Some(limit) if chunk >= limit => left.min(limit.max(1)),
-        _ => next_chunk(left, chunk),
+        Some(limit) => next_chunk(left, chunk).min(limit.max(1)),
+        None => next_chunk(left, chunk),
     }
 }
 
@@ -548,6 +549,8 @@ mod tests {
         // A smaller chunk of our own under the limit keeps our split, which stays within it.
         assert_eq!(runs(129, 32, Some(64)), [32, 32, 32, 33]);
         assert_eq!(runs(129, 64, None), [64, 65]);
+        // Our split's minimum of 2 never beats a limit below it.
+        assert_eq!(runs(3, 1, Some(2)), [2, 1]);
     }
 
     #[test]

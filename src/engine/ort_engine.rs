@@ -5,7 +5,9 @@
 //! `past_key_values.*`: a new, longer tensor per layer per step) or as one buffer bound as both
 //! past and present (`past_present_share_buffer`), which GroupQueryAttention updates in place.
 //! The shared buffer starts at [`SHARED_KV_START`] positions and doubles when a sequence needs
-//! more (up to the budget), so a 32k-context package does not hold 32k positions for a sentence.
+//! more (up to the budget), so a 32k-context package does not hold 32k positions for a sentence,
+//! unless the package itself sets `search.past_present_share_buffer`: then it gets the buffer as
+//! onnxruntime-genai allocates it, once at `search.max_length`.
 //! Batched, it holds one slot of that many positions per sequence along the batch axis (all slots
 //! grow together: one long sequence grows every slot), and a run binds views of its slots.
 //!
@@ -60,7 +62,8 @@ pub struct OrtOptions {
     #[serde(default)]
     pub spin: Option<bool>,
     pub kv_mode: Option<KvMode>,
-    /// Shared mode: positions the buffer starts with (default [`SHARED_KV_START`]).
+    /// Shared mode: positions the buffer starts with (default [`SHARED_KV_START`], or the budget
+    /// for a package that sets `search.past_present_share_buffer`).
     #[serde(default)]
     pub kv_capacity: Option<usize>,
     /// Prompt tokens per prefill run; `None` prefills in one run.
@@ -489,7 +492,16 @@ impl OrtBackbone {
         // flag is onnxruntime-genai's, and its CPU packages set it false): the growing mode
         // allocates and fills a longer tensor per layer every step, which measured 0.6x of the
         // shared buffer's decode speed at 2048 tokens of context (docs/performance.md).
+        // Without a mask and without position_ids, only a growing past tells the graph how long
+        // the sequence is: a shared buffer's length is its capacity.
+        let blind = attention_mask.is_none() && position_ids.is_none();
+        if blind && static_kv.is_some() {
+            return Err(EngineError::Graph(format!(
+                "{path}: declares neither attention_mask nor position_ids over a fixed past length; nothing would tell it how long the sequence is"
+            )));
+        }
         let mode = match (static_kv, opts.kv_mode) {
+            (None, _) if blind => KvMode::Growing,
             (Some(n), Some(KvMode::Growing)) => {
                 tracing::warn!(
                     "{path} declares a fixed past length of {n}: using one shared KV buffer of \

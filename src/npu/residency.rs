@@ -120,23 +120,37 @@ impl Placement {
         let Some(weights) = weights else {
             return Placement::of_nodes(nodes);
         };
-        let provider_of: std::collections::HashMap<&str, &str> = assigned
-            .iter()
-            .flat_map(|(ep, names)| names.iter().map(move |n| (n.as_str(), ep.as_str())))
-            .collect();
+        // A name two providers report, or an empty one (ONNX allows unnamed nodes), says nothing
+        // about where its weights went: such nodes attribute no weight.
+        let mut provider_of: std::collections::HashMap<&str, Option<&str>> =
+            std::collections::HashMap::new();
+        for (ep, names) in assigned {
+            for n in names.iter().filter(|n| !n.is_empty()) {
+                provider_of
+                    .entry(n.as_str())
+                    .and_modify(|p| {
+                        if *p != Some(ep.as_str()) {
+                            *p = None;
+                        }
+                    })
+                    .or_insert(Some(ep.as_str()));
+            }
+        }
         let mut by_provider: BTreeMap<String, u64> = BTreeMap::new();
         let mut total = 0u64;
         for (bytes, consumers) in weights.values() {
             if consumers.is_empty() {
                 continue;
             }
-            total += bytes;
-            let mut eps = consumers.iter().map(|c| provider_of.get(c.as_str()));
-            let first = eps.next().flatten();
-            if let Some(ep) = first
+            total = total.saturating_add(*bytes);
+            let mut eps = consumers
+                .iter()
+                .map(|c| provider_of.get(c.as_str()).copied().flatten());
+            if let Some(Some(ep)) = eps.next()
                 && eps.all(|e| e == Some(ep))
             {
-                *by_provider.entry((*ep).to_owned()).or_default() += bytes;
+                let on = by_provider.entry(ep.to_owned()).or_default();
+                *on = on.saturating_add(*bytes);
             }
         }
         Placement {
@@ -646,6 +660,8 @@ mod tests {
             ("emb", 150, vec!["gather"]),
             ("shared", 40, vec!["mm1", "add"]),
             ("fused_away", 10, vec!["renamed_by_ort"]),
+            // Unnamed nodes, and a name two providers report, attribute nothing.
+            ("unnamed", 0, vec![""]),
             ("unused", 1000, vec![]),
         ]
         .into_iter()

@@ -112,7 +112,13 @@ impl AccelFd {
 
 impl Ioctl for AccelFd {
     fn ioctl(&self, request: u64, arg: &mut [u8], _data: &mut [u8]) -> io::Result<()> {
+        // The kernel reads and writes _IOC_SIZE(request) bytes at `arg`: never more than it has.
+        if arg.len() != ((request >> 16) & 0x3fff) as usize {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let mut tries = 0;
         loop {
+            tries += 1;
             // SAFETY: `arg` is a buffer of the size the request encodes, laid out as the kernel's
             // struct; its pointer fields point into `data`, which outlives the call and is as
             // long as the lengths given beside those pointers.
@@ -127,8 +133,8 @@ impl Ioctl for AccelFd {
                 return Ok(());
             }
             let e = io::Error::last_os_error();
-            // As libdrm's drmIoctl: an interrupted call is simply made again.
-            if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
+            // As libdrm's drmIoctl: an interrupted call is made again (a bounded number of times).
+            if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) || tries >= 8 {
                 return Err(e);
             }
         }
@@ -224,8 +230,21 @@ impl HwContexts {
 }
 
 /// Commands completed for `pid` between two readings: the growth of each of its contexts (a
-/// context that is new in `after` counts from 0; one that went away counts nothing).
+/// context that is new in `after` counts from 0; one that went away counts nothing). Context ids
+/// are unique per DRM client only: where one repeats for `pid` (two clients), the contexts
+/// cannot be told apart and the growth of the sum counts, which may undercount, never over.
 pub fn completed_between(before: &HwContexts, after: &HwContexts, pid: i64) -> u64 {
+    let repeats = |c: &HwContexts| {
+        let mut ids: Vec<u32> = c.by_context(pid).map(|(id, _)| id).collect();
+        let n = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len() != n
+    };
+    if repeats(before) || repeats(after) {
+        let sum = |c: &HwContexts| c.by_context(pid).map(|(_, d)| d).sum::<u64>();
+        return sum(after).saturating_sub(sum(before));
+    }
     after
         .by_context(pid)
         .map(|(id, done)| {
@@ -817,6 +836,13 @@ mod tests {
         assert_eq!(completed_between(&before, &after, 42), 4 + 2);
         assert_eq!(completed_between(&before, &after, 7), 400);
         assert_eq!(completed_between(&before, &after, 99), 0);
+        // Two clients of one pid, both with context 1, counters flat: nothing completed.
+        let two = |a, b| HwContexts {
+            contexts: vec![ctx(1, 42, a), ctx(1, 42, b)],
+            ..before.clone()
+        };
+        assert_eq!(completed_between(&two(5, 100), &two(5, 100), 42), 0);
+        assert_eq!(completed_between(&two(5, 100), &two(7, 101), 42), 3);
         assert_eq!(after.completions_of(42), Some(11));
         assert_eq!(after.completions_of(99), None);
     }

@@ -168,12 +168,20 @@ pub fn graph_weights(path: &Path) -> Result<GraphWeights, OptimizeError> {
         .initializer
         .iter()
         .map(|t| {
-            let count = t.dims.iter().product::<i64>().max(0) as u64;
+            // A malformed model's dims must not overflow: saturate.
+            let count = t
+                .dims
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?))
+                .unwrap_or(u64::MAX);
             let bits = match EnumOrUnknown::<DataType>::from_i32(t.data_type).enum_value() {
                 Ok(DataType::INT4 | DataType::UINT4) => 4,
                 _ => elem_size(t.data_type).unwrap_or(0) as u64 * 8,
             };
-            (t.name.clone(), ((count * bits).div_ceil(8), Vec::new()))
+            (
+                t.name.clone(),
+                (count.saturating_mul(bits).div_ceil(8), Vec::new()),
+            )
         })
         .collect();
     for n in &g.node {

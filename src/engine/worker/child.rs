@@ -404,12 +404,13 @@ fn run(
     let reply = match result {
         Ok(mut generation) => {
             if let (Some(roots), Some(Counters::Read(b))) = (npu, &before) {
+                let pid = xdna::driver_pid(&roots.proc);
+                // No context of this pid (a PID namespace the driver does not see into, a
+                // provider that never opened one): not countable, which is not "none".
                 generation.npu_commands = match sample_counters(roots) {
-                    Counters::Read(a) => Some(xdna::completed_between(
-                        b,
-                        &a,
-                        xdna::driver_pid(&roots.proc),
-                    )),
+                    Counters::Read(a) if a.completions_of(pid).is_some() => {
+                        Some(xdna::completed_between(b, &a, pid))
+                    }
                     _ => None,
                 };
             }
