@@ -302,13 +302,22 @@ pub fn worker_env(inputs: &EnvInputs) -> Result<EnvPlan, NpuError> {
 
 /// The first XRT library (`libxrt_*`, by sorted name) in `dir`, if it bundles any.
 fn bundled_xrt(dir: &Path) -> Option<String> {
-    let mut libs: Vec<String> = std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("libxrt_") && n.contains(".so"))
+    files_starting(dir, "libxrt_")
+        .into_iter()
+        .find(|n| n.contains(".so"))
+}
+
+/// The names in `dir` that start with `prefix`, sorted (none when it cannot be read).
+pub(crate) fn files_starting(dir: &Path, prefix: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
         .collect();
-    libs.sort();
-    libs.into_iter().next()
+    v.sort();
+    v
 }
 
 /// The non-empty entries of a `:`-separated search path.

@@ -252,7 +252,9 @@ pub fn sample_counters(roots: &SystemRoots) -> Counters {
 pub fn counters_from(dev: &dyn xdna::Ioctl) -> Counters {
     match xdna::read_contexts(dev) {
         Ok(c) => Counters::Read(c),
-        Err(xdna::CountersError::Unavailable(reason)) => Counters::Unavailable { reason },
+        Err(xdna::CountersError::Unavailable(reason) | xdna::CountersError::Open(reason)) => {
+            Counters::Unavailable { reason }
+        }
         Err(xdna::CountersError::Failed(reason)) => Counters::Failed { reason },
     }
 }

@@ -260,6 +260,9 @@ pub fn completed_between(before: &HwContexts, after: &HwContexts, pid: i64) -> u
 /// Why the counters could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CountersError {
+    /// The accel node could not be opened: the query did not run.
+    #[error("counters not read: {0}")]
+    Open(String),
     /// The device answers no such query (not a DRM device, another driver): the counters do not
     /// exist here, which is no evidence either way.
     #[error("counters unavailable: {0}")]
@@ -324,6 +327,13 @@ pub fn driver_version(dev: &dyn Ioctl) -> Result<DriverVersion, CountersError> {
         minor: int(4),
         patch: int(8),
     })
+}
+
+/// [`read_contexts`] through a fresh fd on the accel node at `node`.
+pub fn read_node(node: &Path) -> Result<HwContexts, CountersError> {
+    let dev = AccelFd::open(node)
+        .map_err(|e| CountersError::Open(format!("opening {}: {e}", node.display())))?;
+    read_contexts(&dev)
 }
 
 /// Reads every hardware context: GET_ARRAY where the driver has it, else (or when it refuses)

@@ -179,8 +179,9 @@ fn serve(
         return ExitCode::FAILURE;
     }
     let mut backbone: Option<Box<dyn Backbone>> = None;
-    // On the NPU: where to read the driver's counters around each generation.
-    let mut npu: Option<SystemRoots> = None;
+    // On the NPU: where to read the driver's counters around each generation, and this
+    // process's pid as the driver records it (read once: it does not change).
+    let mut npu: Option<(SystemRoots, i64)> = None;
     let mut code = ExitCode::SUCCESS;
     while let Ok(input) = rx.recv() {
         let sent = match input {
@@ -194,7 +195,8 @@ fn serve(
                     match in_load_phase(phase, &load, || load_backbone(&load)) {
                         Ok((b, loaded)) => {
                             backbone = Some(b);
-                            npu = (load.ort.device == Device::Npu).then(|| load.roots.clone());
+                            npu = (load.ort.device == Device::Npu)
+                                .then(|| (load.roots.clone(), xdna::driver_pid(&load.roots.proc)));
                             Reply::Loaded(Box::new(loaded))
                         }
                         Err(e) => {
@@ -367,7 +369,7 @@ fn gather_evidence(
 /// Runs one generation, streaming codes; returns Err only when the reply stream is gone.
 fn run(
     backbone: Option<&mut (dyn Backbone + 'static)>,
-    npu: Option<&SystemRoots>,
+    npu: Option<&(SystemRoots, i64)>,
     g: &Generate,
     token: &CancelToken,
     out: &mut BufWriter<File>,
@@ -382,7 +384,7 @@ fn run(
         );
     };
     // The driver's own count of what the NPU did for this request.
-    let before = npu.map(sample_counters);
+    let before = npu.map(|(roots, _)| sample_counters(roots));
     let mut broken: Option<io::Error> = None;
     let result = engine::generate(
         backbone,
@@ -403,8 +405,8 @@ fn run(
     }
     let reply = match result {
         Ok(mut generation) => {
-            if let (Some(roots), Some(Counters::Read(b))) = (npu, &before) {
-                let pid = xdna::driver_pid(&roots.proc);
+            if let (Some((roots, pid)), Some(Counters::Read(b))) = (npu, &before) {
+                let pid = *pid;
                 // No context of this pid (a PID namespace the driver does not see into, a
                 // provider that never opened one): not countable, which is not "none".
                 generation.npu_commands = match sample_counters(roots) {

@@ -2,7 +2,7 @@
 //! kernel log, commands (xrt-smi) and access(2). [`RealHost`] asks the system; tests implement
 //! [`Host`] with fixed answers.
 
-use crate::npu::xdna::{AccelFd, CountersError, HwContexts, read_contexts};
+use crate::npu::xdna::{CountersError, HwContexts, read_node};
 use std::ffi::{CString, OsString};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -92,9 +92,7 @@ pub trait Host {
     }
     /// The amdxdna hardware-context query, run on a fresh fd on `node` (what residency reads).
     fn hw_contexts(&self, node: &Path) -> Result<HwContexts, CountersError> {
-        let dev = AccelFd::open(node)
-            .map_err(|e| CountersError::Unavailable(format!("opening {}: {e}", node.display())))?;
-        read_contexts(&dev)
+        read_node(node)
     }
 }
 

@@ -21,7 +21,7 @@ pub use host::{CommandOutput, Host, Identity, Limit, Memlock, RealHost};
 pub use report::{Check, Report, Status};
 
 use super::PROVIDER_FILE;
-use super::env::{self, EnvInputs, EnvPlan};
+use super::env::{self, EnvInputs, EnvPlan, files_starting};
 use super::residency::{Residency, ResidencyState};
 use super::roots::SystemRoots;
 use crate::runtime;
@@ -267,18 +267,6 @@ fn hex_u16(s: &str) -> Option<u16> {
     u16::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
 }
 
-fn files_starting(dir: &Path, prefix: &str) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(prefix))
-        .collect();
-    v.sort();
-    v
-}
-
 /// The version in a versioned library name: `libxrt_coreutil.so.2.19.0` -> `2.19.0`.
 fn soname_version(name: &str) -> Option<&str> {
     name.split_once(".so.").map(|(_, v)| v)
@@ -415,7 +403,7 @@ impl Doctor<'_> {
                 ));
                 Some(version)
             }
-            Err(CountersError::Unavailable(why)) if why.starts_with("opening ") => {
+            Err(CountersError::Open(why)) => {
                 self.push(Check::skip(
                     names::HW_COUNTERS,
                     format!("not run: {why}"),

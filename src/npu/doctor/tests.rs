@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use super::*;
 use crate::npu::NpuError;
 use crate::npu::xdna::fake::{Driver, FakeXdna, ctx};
-use crate::npu::xdna::{AccelFd, CountersError, HwContexts, read_contexts};
+use crate::npu::xdna::{CountersError, HwContexts, read_contexts, read_node};
 
 struct Fake {
     root: crate::testutil::TempDir,
@@ -224,9 +224,7 @@ impl Host for FakeHost {
         match self.xdna {
             // Two contexts of another process, as a busy machine has.
             Some(d) => read_contexts(&FakeXdna::new(d, vec![ctx(1, 77, 5), ctx(2, 77, 9)])),
-            None => read_contexts(&AccelFd::open(node).map_err(|e| {
-                CountersError::Unavailable(format!("opening {}: {e}", node.display()))
-            })?),
+            None => read_node(node),
         }
     }
 }
