@@ -139,7 +139,55 @@ fn main() {
     report("grouped", &mut grouped);
     report("interleaved", &mut interleaved);
     std::hint::black_box(sink);
+    normaliser(rounds);
     whole_front_end(rounds);
+}
+
+/// Written-to-spoken normalisation alone, per sentence and language (grammars loaded first, as
+/// a server does at start), on the sentences above plus ones full of numbers.
+fn normaliser(rounds: usize) {
+    const DENSE: &[(Language, &str)] = &[
+        (
+            Language::EnUs,
+            "It costs $5.50 on 12/05/2026 at 10:30 am, 2.5kg for 1,000 g.",
+        ),
+        (
+            Language::De,
+            "Es kostet 5,50 € am 12.05.2026 um 10:30 Uhr, 2,5 kg für 25 %.",
+        ),
+        (
+            Language::FrFr,
+            "Il coûte 5,50 € le 12/05/2026 à 10h30, 2,5 kg pour 25 %.",
+        ),
+        (
+            Language::Es,
+            "Cuesta 5,50 € el 12/05/2026 a las 10:30, 2,5 kg por el 25 %.",
+        ),
+    ];
+    let tn = onebit_tts::text::Normalizer::discover();
+    for lang in Language::ALL {
+        let t = Instant::now();
+        if let Err(e) = tn.warm(lang) {
+            println!("normaliser: {e}");
+            return;
+        }
+        println!(
+            "normaliser: {lang} grammars loaded in {:.1} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    for (name, set) in [("plain", SENTENCES), ("numbers", DENSE)] {
+        let mut us = Vec::with_capacity(rounds * set.len());
+        for _ in 0..rounds {
+            for &(lang, text) in set {
+                let t = Instant::now();
+                let n = tn.normalize(text, lang).expect("normalise");
+                us.push(t.elapsed().as_secs_f64() * 1e6);
+                std::hint::black_box(n);
+            }
+        }
+        report(&format!("normalise, {name} sentences"), &mut us);
+    }
 }
 
 /// The whole front end of a request as the Synthesizer runs it: normalise + phonemise (text and
@@ -176,7 +224,7 @@ fn whole_front_end(rounds: usize) {
                 ..SpeechRequest::default()
             };
             let t = Instant::now();
-            let (pieces, _) = front.plan(&req, 4096, 50).expect("plan");
+            let pieces = front.plan(&req, 4096, 50).expect("plan").pieces;
             us.push(t.elapsed().as_secs_f64() * 1e6);
             std::hint::black_box(pieces);
         }

@@ -10,6 +10,9 @@
 #                         websocket-client (drives Chromium for tests/python/web_page.py)
 #   .onebit/onnxruntime   the ONNX Runtime shared library from the onnxruntime wheel
 #   .onebit/neutts        espeak-ng 1.52 library + data and the sample voices from the neutts wheel
+#   .onebit/tn            damga 1.0.5's text-normalisation grammars (en, de, fr, es) with its
+#                         LICENSE and NOTICE; with --build-tools also the normaliser's outside test
+#                         sets (damga's golden files, NeMo's cases from kitten-text-processing)
 #   .onebit/node          the official OpenAI Node SDK (npm `openai`, for tests/node/openai_client.js)
 # Idempotent: a second run only checks.
 #   --prereqs-only            check (and install) the system packages, then stop
@@ -110,7 +113,9 @@ TRANSFORMERS_VERSION=5.23.0
 ONNX_IR_VERSION=1.1.0
 # Imported by llama.cpp's converter before it looks for a tokenizer.model.
 SENTENCEPIECE_VERSION=0.2.1
-build_reqs="torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION onnx-ir==$ONNX_IR_VERSION sentencepiece==$SENTENCEPIECE_VERSION"
+# The normaliser's parity test runs damga's own Python (and its OpenFst runtime) beside ours.
+DAMGA_VERSION=1.0.5
+build_reqs="damga==$DAMGA_VERSION torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION onnx-ir==$ONNX_IR_VERSION sentencepiece==$SENTENCEPIECE_VERSION"
 stamp="$home/venv/.onebit-reqs"
 reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION huggingface_hub==$HF_HUB_VERSION wyoming==$WYOMING_VERSION websocket-client==$WEBSOCKET_CLIENT_VERSION ${ONEBIT_EXTRA_PIP:-}"
 
@@ -230,10 +235,88 @@ PY
   rm -rf "$convert"
   mv "$convert.partial" "$convert"
 fi
+# Text normalisation: damga's compiled grammars (OpenFst binary transducers) from its source
+# package, which holds the same files as its wheels and no platform code. The sha256 pins the
+# package; src/text/tn/mod.rs pins each grammar file again. With --build-tools, the outside test
+# sets of tests/normalize_upstream.rs: damga's tests/golden and NeMo's test_cases_*.txt as the
+# kitten-text-processing source package carries them (tests/upstream); never committed.
+DAMGA_SHA256=a8b982887d650f844071a3c5d51452a0ad7c594bd7fb0b602b4288f796c7363e
+KITTEN_VERSION=0.1.0
+KITTEN_SHA256=14f7d2855c20b4047d6acbb73b1e1c7f1e9fd49b956b2e39f2bd7ff537ec1b31
+fetch_sdist() {  # NAME VERSION SHA256 -> path of the checked source package in $home/tn/src
+  local sdist="$home/tn/src/$1-$2.tar.gz" attempt
+  for attempt in 1 2; do
+    if ! echo "$3  $sdist" | sha256sum -c --status 2>/dev/null; then
+      rm -f "$sdist"
+      "$home/venv/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary :all: \
+        -d "$home/tn/src" "$1==$2" >&2
+    fi
+  done
+  if ! echo "$3  $sdist" | sha256sum -c --status; then
+    echo "setup: $sdist does not have the sha256 this script pins ($3)" >&2
+    return 1
+  fi
+  echo "$sdist"
+}
+tn="$home/tn/damga-$DAMGA_VERSION"
+if [ ! -f "$tn/.complete" ] || { [ "$build_tools" = 1 ] && [ ! -f "$home/tn/tests/.complete" ]; }; then
+  mkdir -p "$home/tn/src"
+  damga_sdist="$(fetch_sdist damga "$DAMGA_VERSION" "$DAMGA_SHA256")"
+  kitten_sdist=""
+  [ "$build_tools" = 1 ] && kitten_sdist="$(fetch_sdist kitten_text_processing "$KITTEN_VERSION" "$KITTEN_SHA256")"
+  rm -rf "$tn.partial" "$home/tn/tests.partial"
+  "$home/venv/bin/python" - "$damga_sdist" "$tn.partial" "$kitten_sdist" "$home/tn/tests.partial" <<'PY'
+import os, sys, tarfile
+damga, out, kitten, tests = sys.argv[1:5]
+langs = ("en", "de", "fr", "es")
+with tarfile.open(damga) as tar:
+    for m in tar.getmembers():
+        parts = m.name.split("/")  # damga-V/damga/<lang>/tn/compiled/<file>
+        if not m.isfile():
+            continue
+        if parts[1:] in (["LICENSE"], ["NOTICE"]):
+            m.name = parts[1]
+        elif len(parts) == 6 and parts[1] == "damga" and parts[2] in langs and parts[3:5] == ["tn", "compiled"] \
+                and parts[5] in ("read.fst", "write.fst"):
+            m.name = f"{parts[2]}/{parts[5]}"
+        elif kitten and len(parts) == 5 and parts[1:3] == ["tests", "golden"] and parts[3] in langs and parts[4] == "tn.tsv":
+            m.name = f"damga/{parts[3]}/tn.tsv"
+            tar.extract(m, tests, filter="data")
+            continue
+        else:
+            continue
+        tar.extract(m, out, filter="data")
+for lang in langs:
+    for f in ("read.fst", "write.fst"):
+        if not os.path.isfile(os.path.join(out, lang, f)):
+            sys.exit(f"setup: {damga} has no damga/{lang}/tn/compiled/{f}: its layout changed")
+if kitten:
+    with tarfile.open(kitten) as tar:
+        for m in tar.getmembers():
+            parts = m.name.split("/")  # kitten_text_processing-V/tests/upstream/<lang>/<file>
+            if m.isfile() and len(parts) == 5 and parts[1:3] == ["tests", "upstream"] and parts[3] in langs:
+                m.name = os.path.join("nemo", parts[3], parts[4])
+                tar.extract(m, tests, filter="data")
+            elif m.isfile() and len(parts) == 2 and parts[1] in ("LICENSE", "NOTICE"):
+                m.name = os.path.join("nemo", parts[1])
+                tar.extract(m, tests, filter="data")
+    for lang in langs:
+        if not os.path.isdir(os.path.join(tests, "nemo", lang)) or not os.path.isfile(os.path.join(tests, "damga", lang, "tn.tsv")):
+            sys.exit(f"setup: no normaliser test set for {lang}: a source package's layout changed")
+PY
+  touch "$tn.partial/.complete"
+  rm -rf "$tn"
+  mv "$tn.partial" "$tn"
+  if [ -n "$kitten_sdist" ]; then
+    touch "$home/tn/tests.partial/.complete"
+    rm -rf "$home/tn/tests"
+    mv "$home/tn/tests.partial" "$home/tn/tests"
+  fi
+fi
 if [ "$(cat "$home/node/.onebit-reqs" 2>/dev/null)" != "openai@$OPENAI_NODE_VERSION" ]; then
   mkdir -p "$home/node"
   npm install --prefix "$home/node" --no-audit --no-fund --silent "openai@$OPENAI_NODE_VERSION"
   echo "openai@$OPENAI_NODE_VERSION" > "$home/node/.onebit-reqs"
 fi
 
-echo "setup: runtime in $home (onnxruntime $ORT_VERSION, onnxruntime-genai $OGA_VERSION, espeak-ng from neutts $NEUTTS_VERSION)"
+echo "setup: runtime in $home (onnxruntime $ORT_VERSION, onnxruntime-genai $OGA_VERSION, espeak-ng from neutts $NEUTTS_VERSION, grammars of damga $DAMGA_VERSION)"

@@ -22,3 +22,4 @@ cargo test --locked
 "$root/.onebit/venv/bin/python" tests/python/test_generated_models.py "$root/target/pytest-models"
 "$root/.onebit/venv/bin/python" tests/python/test_stub_ep.py "$root/target/debug/libonebit_stub_ep.so"
 "$root/.onebit/venv/bin/python" tests/python/test_onnx_to_gguf.py "$root/target/pytest-gguf" models/tiny models/tiny-random
+"$root/.onebit/venv/bin/python" tests/python/test_normalizer_parity.py "$root/target/debug/onebit-tts"

@@ -44,4 +44,16 @@ pub enum Error {
     Prompt(#[from] prompt::PromptError),
     #[error(transparent)]
     Audio(#[from] audio::AudioError),
+    #[error("cannot read the lexicon {}: {source}", path.display())]
+    LexiconRead {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("lexicon {}: {source}", path.display())]
+    Lexicon {
+        path: std::path::PathBuf,
+        #[source]
+        source: text::markup::LexiconError,
+    },
 }

@@ -556,6 +556,102 @@ async fn sample_rate_and_speed_change_the_output() {
     s.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markup_pauses_are_silence_of_their_length_and_reading_fields_are_taken() {
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+    let per_piece = greedy_codes() * SAMPLES_PER_CODE;
+    // A pause before, between and after two pieces: exact silence of 0.25 + 1 + 0.5 s at 24 kHz
+    // around the two pieces' greedy audio.
+    let input = "[pause:0.25s]Hello world.<break time=\"1s\"/>This is a test.[pause:500ms]";
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"input": input, "markup": true, "response_format": "wav"})),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let bytes = r.bytes().await.unwrap();
+    let samples: Vec<i16> = hound::WavReader::new(Cursor::new(bytes.to_vec()))
+        .unwrap()
+        .into_samples::<i16>()
+        .map(Result::unwrap)
+        .collect();
+    let (lead, mid, tail) = (6_000, 24_000, 12_000);
+    assert_eq!(samples.len(), lead + per_piece + mid + per_piece + tail);
+    let silent = |r: std::ops::Range<usize>| samples[r].iter().all(|&x| x == 0);
+    assert!(silent(0..lead), "leading pause");
+    assert!(!silent(lead..lead + per_piece), "the first piece speaks");
+    assert!(
+        silent(lead + per_piece..lead + per_piece + mid),
+        "pause between"
+    );
+    assert!(
+        silent(samples.len() - tail..samples.len()),
+        "trailing pause"
+    );
+
+    // A pause lasts its time at any speed: 1 s of silence at speed 2 is still 24,000 samples
+    // (the time-stretch's window blurs its edge by a few milliseconds).
+    let r = speak(
+        &c,
+        &s,
+        &body(json!({"input": "[pause:1s]Hello world.", "markup": true, "speed": 2.0, "response_format": "wav"})),
+    )
+    .await;
+    let fast: Vec<i16> = hound::WavReader::new(Cursor::new(r.bytes().await.unwrap().to_vec()))
+        .unwrap()
+        .into_samples::<i16>()
+        .map(Result::unwrap)
+        .collect();
+    let lead = fast.iter().position(|&x| x != 0).unwrap();
+    assert!(
+        lead.abs_diff(24_000) <= 480,
+        "{lead} silent samples at speed 2"
+    );
+    let half = (fast.len() - lead) as f64;
+    assert!(
+        (half - per_piece as f64 / 2.0).abs() <= 0.03 * per_piece as f64,
+        "{half}"
+    );
+
+    // Without `markup` the same text is ordinary text: no pause, one piece that reads the
+    // brackets as written.
+    let plain = greedy_wav(&c, &s, json!({"input": input, "response_format": "wav"})).await;
+    assert_eq!(wav(&plain).2, per_piece);
+
+    // The reading fields change the prompt: its token count is in the SSE usage.
+    let dollars = json!({"input": "It costs $5.50."});
+    let said = prompt_tokens(
+        &c,
+        &s,
+        json!({"input": "It costs five dollars fifty cents."}),
+    )
+    .await;
+    assert_eq!(prompt_tokens(&c, &s, dollars.clone()).await, said);
+    let mut raw = dollars;
+    raw["normalize"] = json!(false);
+    assert_ne!(prompt_tokens(&c, &s, raw).await, said);
+    let plain = prompt_tokens(&c, &s, json!({"input": "Say NeuTTS now."})).await;
+    let ipa =
+        json!({"input": "Say NeuTTS now.", "lexicon": {"NeuTTS": "njuːtˌiːtˌiːˈɛs ə lˈɒŋ wˈʌn"}});
+    assert!(prompt_tokens(&c, &s, ipa).await > plain);
+    s.stop().await;
+}
+
+/// The prompt tokens of a request (greedy, 8 codes), from its SSE usage.
+async fn prompt_tokens(c: &Client, s: &Server, extra: Value) -> u64 {
+    let mut b = body(extra);
+    b["stream_format"] = json!("sse");
+    b["max_new_tokens"] = json!(8);
+    let r = speak(c, s, &b).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let events = sse_events(&r.text().await.unwrap());
+    let done = events.last().expect("events");
+    assert_eq!(done["type"], "speech.audio.done", "{done}");
+    done["usage"]["input_tokens"].as_u64().unwrap()
+}
+
 // ---- OpenAI's names ----
 
 /// The greedy WAV of `extra` merged into the test request.
@@ -990,6 +1086,35 @@ async fn every_error_has_the_openai_shape_and_the_server_keeps_serving() {
             Some("max_new_tokens"),
             Some("invalid_value"),
             vec!["max_new_tokens"],
+        ),
+        // Markup (opt-in) that does not parse names where it goes wrong, in characters.
+        (
+            json!({"input": "Hé [pause:abc] x", "markup": true}),
+            400,
+            Some("input"),
+            Some("invalid_markup"),
+            vec!["character 4", "[pause:abc]"],
+        ),
+        (
+            json!({"input": "<break time=\"20s\"/>Hi", "markup": true}),
+            400,
+            Some("input"),
+            Some("invalid_markup"),
+            vec!["character 1"],
+        ),
+        (
+            json!({"input": "Say [it](/ɪt", "markup": true}),
+            400,
+            Some("input"),
+            Some("invalid_markup"),
+            vec!["character 5"],
+        ),
+        (
+            json!({"lexicon": {"word": ""}}),
+            400,
+            Some("lexicon"),
+            Some("invalid_lexicon"),
+            vec!["lexicon"],
         ),
         // Wrong types and missing or unknown fields: 422.
         (

@@ -384,6 +384,14 @@ impl From<SynthError> for ApiError {
             }
             SynthError::Prompt(_) => ApiError::field("input", "invalid_input", msg),
             SynthError::Engine(_) | SynthError::Codec(_) => ApiError::unavailable(msg),
+            SynthError::Markup(_) => ApiError::field("input", "invalid_markup", msg),
+            SynthError::Lexicon(_) => ApiError::field("lexicon", "invalid_lexicon", msg),
+            SynthError::IpaNeedsPhonemes(_) | SynthError::PausesTooLong { .. } => {
+                ApiError::field("input", "invalid_markup", msg)
+            }
+            SynthError::LexiconNeedsPhonemes(_) => {
+                ApiError::field("lexicon", "invalid_lexicon", msg)
+            }
             // Saved codes are decoded by `onebit-tts decode`, never by a request.
             SynthError::Codes(_) => ApiError::internal(msg),
         }

@@ -11,6 +11,7 @@ use super::AppState;
 use super::errors::ApiError;
 use crate::audio::{AudioFormat, OutputSpec};
 use crate::engine::{GenerationParams, SamplingParams};
+use crate::prompt::InputFormat;
 use crate::synth::{SpeechRequest, SynthError};
 use crate::text::Language;
 
@@ -57,6 +58,15 @@ pub(super) struct SpeechBody {
     /// Most codes to generate (50 per second of audio); the model's context bounds it too.
     #[serde(default)]
     max_new_tokens: Option<usize>,
+    /// Written-to-spoken normalisation ("$5" → "five dollars"); default on.
+    #[serde(default)]
+    normalize: Option<bool>,
+    /// Read pause and pronunciation markup in `input`; default off.
+    #[serde(default)]
+    markup: Option<bool>,
+    /// Words spoken with the given IPA for this request: `{"word": "ipa", ...}`.
+    #[serde(default)]
+    lexicon: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,7 +227,35 @@ pub(super) fn parse_body(
             "max_new_tokens must be at least 1",
         ));
     }
+    // Markup and lexicon are checked here so a bad one is a 400 before the request waits for a
+    // place; planning checks them again (the library's other callers have no such gate).
+    let markup = body.markup.unwrap_or(false);
+    let input_format = st.synth.package().input_format;
+    if markup {
+        let segments = crate::text::markup::parse(&body.input).map_err(SynthError::from)?;
+        if input_format != InputFormat::Phonemes
+            && segments
+                .iter()
+                .any(|s| matches!(s, crate::text::markup::Segment::Ipa { .. }))
+        {
+            return Err(SynthError::IpaNeedsPhonemes(input_format).into());
+        }
+    }
+    let lexicon = body
+        .lexicon
+        .map(crate::text::markup::Lexicon::from_pairs)
+        .transpose()
+        .map_err(SynthError::from)?
+        .map(std::sync::Arc::new);
+    if lexicon.as_ref().is_some_and(|l| !l.is_empty()) && input_format != InputFormat::Phonemes {
+        return Err(SynthError::LexiconNeedsPhonemes(input_format).into());
+    }
     let req = SpeechRequest {
+        reading: crate::synth::Reading {
+            normalize: body.normalize.unwrap_or(true),
+            markup,
+            lexicon,
+        },
         text: body.input,
         voice,
         language,

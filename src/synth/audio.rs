@@ -49,6 +49,9 @@ pub(crate) struct AudioStage<'a> {
     windowed: bool,
     pieces: usize,
     pause: Vec<f32>,
+    /// Codec-rate samples per second of output: a markup pause lasts its time in the output
+    /// whatever the speed (the speed change stretches what goes through the pipeline).
+    pause_rate: f64,
     fade: usize,
     t0: Instant,
     tally: AudioTally,
@@ -81,6 +84,7 @@ impl<'a> AudioStage<'a> {
             windowed,
             pieces,
             pause: vec![0.0f32; (PIECE_PAUSE_S * codec_rate as f32) as usize],
+            pause_rate: f64::from(codec_rate) * f64::from(output.speed),
             fade: (PIECE_FADE_S * codec_rate as f32) as usize,
             t0,
             tally,
@@ -92,13 +96,19 @@ impl<'a> AudioStage<'a> {
         self.tally
     }
 
-    /// Starts piece `index`: the pause before it (after the first), and its decoder.
+    /// Starts piece `index`: the pause before it (markup's `pause`, else the usual join after
+    /// the first piece), and its decoder.
     pub fn begin_piece(
         &mut self,
         index: usize,
+        pause: Option<Duration>,
         sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
     ) -> Result<bool, SynthError> {
-        if index > 0 {
+        if let Some(d) = pause {
+            if !self.silence(d, sink)? {
+                return Ok(false);
+            }
+        } else if index > 0 {
             let pause = std::mem::take(&mut self.pause);
             let go_on = self.emit(&pause, sink);
             self.pause = pause;
@@ -170,6 +180,25 @@ impl<'a> AudioStage<'a> {
         let fade_in = if piece.first_chunk { piece.fade_in } else { 0 };
         fade_edges(&mut rest, fade_in, piece.fade_out);
         self.emit(&rest, sink)
+    }
+
+    /// Silence lasting `d` in the output (a markup pause).
+    pub fn silence(
+        &mut self,
+        d: Duration,
+        sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<bool, SynthError> {
+        let mut n = (d.as_secs_f64() * self.pause_rate).round() as usize;
+        // In blocks of a second at most: a long pause never needs one long buffer.
+        let block = vec![0.0f32; n.min(self.pause_rate.ceil() as usize)];
+        while n > 0 {
+            let k = n.min(block.len());
+            if !self.emit(&block[..k], sink)? {
+                return Ok(false);
+            }
+            n -= k;
+        }
+        Ok(true)
     }
 
     /// Flushes the output pipeline (the container's end, an encoder's last frames).

@@ -67,6 +67,24 @@ pub struct PieceCodes {
     pub seed: u64,
     pub finish_reason: String,
     pub codes: Vec<u32>,
+    /// Seconds of silence markup put before the piece (absent: the usual join).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_before_s: Option<f64>,
+    /// Seconds of silence markup put after it (the end of the text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_after_s: Option<f64>,
+}
+
+/// A recorded pause, checked as markup's are.
+fn pause(seconds: Option<f64>) -> Result<Option<std::time::Duration>, CodesError> {
+    seconds
+        .map(|s| {
+            std::time::Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| *d <= crate::text::markup::MAX_PAUSE)
+                .ok_or(CodesError::Pause(s))
+        })
+        .transpose()
 }
 
 /// Why a codes document cannot be decoded.
@@ -78,6 +96,8 @@ pub enum CodesError {
         "codes_format is {found:?}; this version reads {CODES_FORMAT:?} (write the codes again with this version's `say --codes`)"
     )]
     Format { found: String },
+    #[error("a pause of {0} s is not one markup can make (0 to 10 s)")]
+    Pause(f64),
     #[error("piece {piece}, code {index}: {code} is outside the codec's 0..{max}")]
     CodeOutOfRange {
         piece: usize,
@@ -130,6 +150,8 @@ impl SpeechCodes {
                     seed: p.seed,
                     finish_reason: p.stop.finish_reason().to_owned(),
                     codes: p.codes.clone(),
+                    pause_before_s: p.pause_before.map(|d| d.as_secs_f64()),
+                    pause_after_s: p.pause_after.map(|d| d.as_secs_f64()),
                 })
                 .collect(),
         })
@@ -223,7 +245,7 @@ impl SpeechCodes {
             _ => ControlFlow::Continue(()),
         };
         for (i, piece) in self.pieces.iter().enumerate() {
-            if !audio.begin_piece(i, &mut events)? {
+            if !audio.begin_piece(i, pause(piece.pause_before_s)?, &mut events)? {
                 return Ok(audio.tally());
             }
             for &code in &piece.codes {
@@ -232,6 +254,11 @@ impl SpeechCodes {
                 }
             }
             if !audio.end_piece(&piece.codes, &mut events)? {
+                return Ok(audio.tally());
+            }
+            if let Some(d) = pause(piece.pause_after_s)?
+                && !audio.silence(d, &mut events)?
+            {
                 return Ok(audio.tally());
             }
         }

@@ -26,6 +26,8 @@ pub struct SynthConfig {
     pub codec_sessions: Option<usize>,
     /// 0 means [`DEFAULT_MAX_INPUT_CHARS`].
     pub max_input_chars: usize,
+    /// A pronunciation lexicon file (`word<TAB>ipa` lines) every request is read with.
+    pub lexicon: Option<PathBuf>,
     /// Which generation loop runs the backbone.
     pub engine: EngineKind,
     /// The oga engine's library and settings; its threads and KV mode default to `ort`'s.

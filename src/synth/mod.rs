@@ -32,7 +32,7 @@ pub use audio::{AudioTally, PIECE_PAUSE_S};
 pub use codes::{CODES_FORMAT, CodesError, Decoding, PieceCodes, SpeechCodes};
 pub use load::{EngineKind, SynthConfig, device_label, load_codec, load_engine, resolve_dir};
 pub use plan::{
-    BUDGET_CHARS_PER_SECOND, BUDGET_FACTOR, BUDGET_FLOOR_CODES, FrontEnd, Piece, code_budget,
+    BUDGET_CHARS_PER_SECOND, BUDGET_FACTOR, BUDGET_FLOOR_CODES, FrontEnd, Piece, Plan, code_budget,
 };
 
 /// Longest input text accepted by default, in characters.
@@ -66,6 +66,23 @@ pub enum SynthError {
     Audio(#[from] crate::audio::AudioError),
     #[error(transparent)]
     Codes(#[from] CodesError),
+    #[error(transparent)]
+    Markup(#[from] crate::text::markup::MarkupError),
+    #[error(transparent)]
+    Lexicon(#[from] crate::text::markup::LexiconError),
+    #[error(
+        "pronunciations in IPA need a model that reads phonemes; this request's input format is {0}"
+    )]
+    IpaNeedsPhonemes(InputFormat),
+    #[error(
+        "a lexicon gives pronunciations in IPA, which need a model that reads phonemes; this request's input format is {0}"
+    )]
+    LexiconNeedsPhonemes(InputFormat),
+    #[error(
+        "the markup's pauses add up to {seconds} s; a request may pause for at most {} s in all",
+        plan::MAX_TOTAL_PAUSE.as_secs()
+    )]
+    PausesTooLong { seconds: f64 },
 }
 
 /// One request.
@@ -81,6 +98,30 @@ pub struct SpeechRequest {
     pub generation: GenerationParams,
     /// Format, rate, speed, and whether audio streams while codes are generated.
     pub output: OutputSpec,
+    /// How the text is read: normalisation, markup, pronunciations.
+    pub reading: Reading,
+}
+
+/// How a request's text is read before phonemization.
+#[derive(Debug, Clone)]
+pub struct Reading {
+    /// Written-to-spoken normalisation ("$5" → "five dollars"); on unless turned off.
+    pub normalize: bool,
+    /// Pause and pronunciation markup in the text ([`crate::text::markup`]); off unless asked,
+    /// so ordinary text with brackets is never read as markup.
+    pub markup: bool,
+    /// Words spoken with given IPA, over the server's lexicon.
+    pub lexicon: Option<std::sync::Arc<crate::text::markup::Lexicon>>,
+}
+
+impl Default for Reading {
+    fn default() -> Self {
+        Self {
+            normalize: true,
+            markup: false,
+            lexicon: None,
+        }
+    }
 }
 
 /// What the caller sees while a request runs.
@@ -143,6 +184,10 @@ pub struct PieceOutcome {
     pub seed: u64,
     pub stop: StopReason,
     pub codes: Vec<u32>,
+    /// Silence before the piece's audio asked for by markup (else the join's default).
+    pub pause_before: Option<std::time::Duration>,
+    /// Silence after it (markup at the end of the text).
+    pub pause_after: Option<std::time::Duration>,
 }
 
 impl SynthesisReport {

@@ -26,9 +26,10 @@ impl Synthesizer {
     ) -> Result<SynthesisReport, SynthError> {
         let t0 = Instant::now();
         let budget = self.budget;
-        let (pieces, voice) = self
+        let plan = self
             .front
             .plan(req, budget, req.generation.min_new_tokens)?;
+        let (pieces, voice) = (&plan.pieces, &plan.voice);
         let front_end = t0.elapsed();
         let rate = self.package().codec.sample_rate;
         let mut audio = AudioStage::new(
@@ -100,7 +101,7 @@ impl Synthesizer {
                 max_new_tokens: limit,
             })
             .is_break()
-                || !audio.begin_piece(i, sink)?
+                || !audio.begin_piece(i, piece.pause_before, sink)?
             {
                 out.stop = StopReason::Cancelled;
                 break;
@@ -178,6 +179,8 @@ impl Synthesizer {
                 seed: generation.seed,
                 stop: generation.stop,
                 codes: generation.codes.clone(),
+                pause_before: piece.pause_before,
+                pause_after: None,
             });
             if generation.stop == StopReason::Cancelled || stopped_by_sink {
                 out.stop = StopReason::Cancelled;
@@ -200,6 +203,18 @@ impl Synthesizer {
         }
         if cut && out.stop != StopReason::Cancelled {
             out.stop = StopReason::Length;
+        }
+        // The pause markup asked for after the text, once all of it was spoken.
+        if let Some(d) = plan.trailing_pause
+            && out.stop != StopReason::Cancelled
+            && out.pieces.len() == pieces.len()
+        {
+            if let Some(last) = out.pieces.last_mut() {
+                last.pause_after = Some(d);
+            }
+            if !audio.silence(d, sink)? {
+                out.stop = StopReason::Cancelled;
+            }
         }
         let tally = if out.stop == StopReason::Cancelled {
             audio.tally()

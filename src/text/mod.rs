@@ -12,6 +12,7 @@
 
 mod espeak;
 mod language;
+pub mod markup;
 mod normalize;
 mod phonemizer;
 mod punctuation;
@@ -19,11 +20,13 @@ mod py;
 mod split;
 #[cfg(test)]
 mod testutil;
+mod tn;
 
 pub use language::Language;
 pub use normalize::{normalize, normalize_bpe};
 pub use phonemizer::Phonemizer;
 pub use split::{split_clauses, split_sentences};
+pub use tn::{GRAMMARS, Normalized, Normalizer, TnError};
 
 use std::path::PathBuf;
 

@@ -8,7 +8,7 @@ use super::py;
 const TERMINATORS: [char; 4] = ['.', '!', '?', '…'];
 const CLAUSE_MARKS: [char; 4] = [',', ';', ':', '—'];
 /// Characters that close a sentence after its terminator: `"Why?" he asked.`
-const CLOSERS: [char; 8] = ['"', '\'', '\u{201d}', '\u{2019}', '»', ')', ']', '}'];
+pub(super) const CLOSERS: [char; 8] = ['"', '\'', '\u{201d}', '\u{2019}', '»', ')', ']', '}'];
 const OPENERS: [char; 10] = [
     '"', '\'', '\u{201c}', '\u{2018}', '«', '(', '[', '{', '¿', '¡',
 ];

@@ -31,6 +31,10 @@ pub struct ModelArgs {
     /// Path of libonnxruntime.so (else ORT_DYLIB_PATH, the RyzenAI venv, .onebit/, python3's onnxruntime).
     #[arg(long, env = "ONEBIT_ORT_LIB")]
     pub ort_lib: Option<PathBuf>,
+    /// Pronunciation lexicon: a file of `word<TAB>IPA` lines; those words are spoken with that
+    /// IPA (a request's own lexicon wins over it).
+    #[arg(long, env = "ONEBIT_LEXICON")]
+    pub lexicon: Option<PathBuf>,
     /// Extra voice directory (repeatable); the repo's voices/ is always read.
     #[arg(long = "voices", env = "ONEBIT_VOICES", value_delimiter = ':')]
     pub voices: Vec<PathBuf>,
@@ -177,6 +181,14 @@ pub struct GenArgs {
     /// Prompt format override (phonemes, bpe); default: the model's.
     #[arg(long)]
     pub input_format: Option<String>,
+    /// Read the text as written: no written-to-spoken normalisation ("$5" stays "$5" for
+    /// espeak-ng, which reads it "dollar five").
+    #[arg(long)]
+    pub no_normalize: bool,
+    /// Read pause and pronunciation markup in the text: `[pause:0.5s]`, `<break time="500ms"/>`,
+    /// `[word](/IPA/)` (docs/api.md).
+    #[arg(long)]
+    pub markup: bool,
 }
 
 /// Where the real NeuTTS-air packages go (`models build`, `models pull`), in the order the
@@ -246,6 +258,7 @@ pub fn synth_config(m: &ModelArgs) -> SynthConfig {
         codec_threads: m.threads,
         codec_sessions: m.codec_sessions,
         max_input_chars: 0,
+        lexicon: m.lexicon.clone(),
         engine: m.engine,
         llama_attention: m.llama_attention,
         oga: OgaOptions {
@@ -279,6 +292,11 @@ pub fn request(
 ) -> Result<SpeechRequest> {
     Ok(SpeechRequest {
         output,
+        reading: onebit_tts::synth::Reading {
+            normalize: !g.no_normalize,
+            markup: g.markup,
+            lexicon: None,
+        },
         text,
         voice: voice.to_owned(),
         language: g.lang.as_deref().map(str::parse::<Language>).transpose()?,

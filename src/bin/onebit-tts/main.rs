@@ -76,6 +76,9 @@ enum Cmd {
     },
     /// Print the prompt (prepared text, ids, token count) for a text.
     Prompt(say::PromptArgs),
+    /// Print the spoken form of a text ("$5.50" → "five dollars fifty cents"), as synthesis
+    /// reads it before phonemization.
+    Normalize(say::NormalizeArgs),
     /// The engine worker child (started by the server itself; framed messages on stdin/stdout).
     #[command(hide = true)]
     Worker,
@@ -96,6 +99,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Say(a) => say::say(a, cli.quiet),
         Cmd::Decode(a) => say::decode(a),
         Cmd::Prompt(a) => say::prompt(a),
+        Cmd::Normalize(a) => say::normalize(a),
         Cmd::Serve { model, args } => serve::serve(&model, &args),
         Cmd::Bench { model, args } => bench::bench(&model, &args, cli.quiet),
         Cmd::Worker => unreachable!("main runs the worker before anything else"),
@@ -133,7 +137,11 @@ fn main() -> ExitCode {
     // A one-shot command's user wants its progress and summary, not the server's INFO lines;
     // the server (and the worker, whose lines the parent re-logs) keeps them.
     let long_running = matches!(cli.cmd, Cmd::Serve { .. } | Cmd::Worker);
-    let default = if cli.verbose || (long_running && !cli.quiet) {
+    // --verbose also shows the normaliser's decisions: each sentence's tagged reading, and the
+    // ones it left as written (debug lines a server would otherwise log per request).
+    let default = if cli.verbose {
+        "info,onebit_tts::text::tn=debug"
+    } else if long_running && !cli.quiet {
         "info"
     } else {
         "warn"

@@ -69,6 +69,47 @@ pub struct PromptArgs {
     pub text: String,
 }
 
+#[derive(clap::Args)]
+pub struct NormalizeArgs {
+    /// Language: en-us (or en), de, fr-fr (or fr), es.
+    #[arg(long, short = 'l', default_value = "en-us")]
+    pub language: String,
+    /// Print {"text", "normalized", "records", "notes"} as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Read standard input line by line and print one result per line (the grammars load once).
+    #[arg(long, conflicts_with = "text")]
+    pub lines: bool,
+    /// The text (else standard input).
+    pub text: Option<String>,
+}
+
+pub fn normalize(a: NormalizeArgs) -> Result<()> {
+    let lang = onebit_tts::text::Language::from_bcp47(&a.language)?;
+    let tn = onebit_tts::text::Normalizer::discover();
+    tn.warm(lang)?;
+    let print = |text: &str| -> Result<()> {
+        let n = tn.normalize(text, lang)?;
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"text": text, "normalized": n.text, "records": n.records,
+                    "notes": n.notes})
+            );
+        } else {
+            println!("{}", n.text);
+        }
+        Ok(())
+    };
+    if a.lines {
+        for line in std::io::stdin().lines() {
+            print(&line.context("reading standard input")?)?;
+        }
+        return Ok(());
+    }
+    print(&read_text(a.text)?)
+}
+
 pub fn say(a: SayArgs, quiet: bool) -> Result<()> {
     say_to(
         &a.model,
@@ -265,23 +306,43 @@ fn prompt_cmd(model: &ModelArgs, g: &GenArgs, voice: &str, text: String, json: b
     let front = FrontEnd::load(&synth_config(model))?;
     let req = request(voice, text, g, OutputSpec::default())?;
     let budget = front.package().genai.token_budget();
-    let (pieces, _) = front.plan(&req, budget, req.generation.min_new_tokens)?;
+    let plan = front.plan(&req, budget, req.generation.min_new_tokens)?;
+    let pieces = &plan.pieces;
+    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
     if json {
         let list: Vec<_> = pieces
             .iter()
             .map(|p| {
-                serde_json::json!({"text": p.text, "prepared": p.prepared, "ids": p.ids,
-                "tokens": p.ids.len(), "estimated_codes": p.estimated_codes})
+                let mut v = serde_json::json!({"text": p.text, "prepared": p.prepared, "ids": p.ids,
+                "tokens": p.ids.len(), "estimated_codes": p.estimated_codes});
+                if let Some(s) = secs(p.pause_before) {
+                    v["pause_before_s"] = s.into();
+                }
+                v
             })
             .collect();
         // One piece prints as one object (the common case, and what parity scripts read).
-        let v = match list.as_slice() {
+        let mut v = match list.as_slice() {
             [one] => one.clone(),
             _ => serde_json::json!({ "pieces": list, "budget": budget }),
         };
+        v["original"] = req.text.clone().into();
+        v["normalized"] = plan.spoken.clone().into();
+        v["normalize"] = req.reading.normalize.into();
+        v["notes"] = plan.notes.clone().into();
+        if let Some(s) = secs(plan.trailing_pause) {
+            v["pause_after_s"] = s.into();
+        }
         println!("{v}");
     } else {
+        println!("original: {}\nspoken:   {}", req.text, plan.spoken);
+        for note in &plan.notes {
+            println!("note:     {note}");
+        }
         for (i, p) in pieces.iter().enumerate() {
+            if let Some(s) = secs(p.pause_before) {
+                println!("pause:    {s} s");
+            }
             println!(
                 "piece {}/{}\ntext:     {}\nprepared: {}\ntokens:   {} (+~{} codes of a {budget}-token budget)\nids:      {:?}",
                 i + 1,
@@ -292,6 +353,9 @@ fn prompt_cmd(model: &ModelArgs, g: &GenArgs, voice: &str, text: String, json: b
                 p.estimated_codes,
                 p.ids
             );
+        }
+        if let Some(s) = secs(plan.trailing_pause) {
+            println!("pause:    {s} s");
         }
     }
     Ok(())

@@ -34,6 +34,15 @@ pub fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
         "model loaded"
     );
     server_cfg.device = synth.device_label();
+    // The normaliser's grammars load now, not on the first request of each language; a missing
+    // one is said here (requests in that language are then spoken as written).
+    for lang in onebit_tts::text::Language::ALL {
+        let t = std::time::Instant::now();
+        match synth.front_end().normalizer().warm(lang) {
+            Ok(()) => tracing::debug!("normaliser: {lang} ready in {:?}", t.elapsed()),
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
