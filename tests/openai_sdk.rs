@@ -514,11 +514,15 @@ fn a_voice_cloned_with_the_python_sdk_speaks_at_once_and_after_a_restart() {
     custom_voices(addr, "create", &state, &first_log, 16);
     drop(server);
     // Kept atomically where the server was told: one voice file, one consent and its recording,
-    // no temporary files.
+    // the store's lock file, no temporary files.
     let mut files: Vec<String> = walk(&store);
     files.sort();
-    assert_eq!(files.len(), 3, "{files:?}");
+    assert_eq!(files.len(), 4, "{files:?}");
     assert!(files.contains(&"ana.json".to_owned()), "{files:?}");
+    assert!(
+        files.contains(&onebit_tts::voice::LOCK_FILE.to_owned()),
+        "{files:?}"
+    );
     assert!(
         files
             .iter()

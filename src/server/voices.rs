@@ -2,7 +2,9 @@
 //! from an uploaded sample (`/v1/audio/voices`), with our one extension the model needs: the
 //! sample's exact `transcript`. Uploads are `multipart/form-data`, read whole within the upload
 //! limit; the audio is decoded by symphonia and encoded by the configured NeuCodec encoder on a
-//! blocking thread; the voice is saved atomically in the voice store and usable at once.
+//! blocking thread; the voice is saved atomically in the voice store, under the store's file lock
+//! that every server sharing the store takes, and usable at once (by those servers too: their
+//! lookups read the store again on a miss).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,7 +26,7 @@ use crate::synth::SynthError;
 use crate::text::Language;
 use crate::voice::clone::{CloneError, CloneSpec, clone_voice};
 use crate::voice::consent::{Consent, ConsentError, ConsentStore};
-use crate::voice::{CustomVoice, Voice, VoiceError};
+use crate::voice::{CustomVoice, StoreLock, Voice, VoiceError};
 
 /// Shortest sample that carries a voice; the vendor recommends 3-15 s.
 pub const MIN_SAMPLE_SECONDS: f64 = 1.0;
@@ -42,8 +44,8 @@ const FORM_OVERHEAD: usize = 64 << 10;
 pub(crate) struct Cloning {
     store: Option<PathBuf>,
     encoder: Result<Mutex<CodecEncoder>, String>,
-    /// One creation or deletion at a time: the name check and the save are one step
-    /// ([`Cloning::exclusive`]).
+    /// One creation or deletion at a time in this process (with the store's file lock across
+    /// processes): the name check and the save are one step ([`Cloning::exclusive`]).
     lock: Arc<tokio::sync::Mutex<()>>,
     uploads: tokio::sync::Semaphore,
 }
@@ -112,18 +114,22 @@ impl Cloning {
             .ok_or_else(|| ApiError::not_configured("voice_store_not_configured", NO_STORE))
     }
 
-    /// Runs `f` on a blocking thread holding the one-change-at-a-time lock; the work itself holds
-    /// it, so a client that leaves mid-way cannot let the next change in early.
+    /// Runs `f` on a blocking thread holding the one-change-at-a-time lock of this process and
+    /// the store's file lock ([`StoreLock`]), which every server sharing the store takes: `f`
+    /// sees every change any of them made before, and none is made while it runs. The work
+    /// itself holds both, so a client that leaves mid-way cannot let the next change in early.
     async fn exclusive<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, ApiError> {
+        let store = self.store()?.to_path_buf();
         let one = self.lock.clone().lock_owned().await;
         blocking(move || {
             let _one = one;
-            f()
+            let _all = StoreLock::acquire(&store).map_err(|e| ApiError::internal(e.to_string()))?;
+            Ok(f())
         })
-        .await
+        .await?
     }
 
     fn consents(&self) -> Result<ConsentStore, ApiError> {
@@ -594,9 +600,7 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
         // Encoding takes the encoder's lock on a blocking thread: one clone encodes at a time.
         let st2 = st.clone();
         let consent_id = consent.id.clone();
-        let made = st.cloning.exclusive(move || -> Result<(Voice, Vec<String>), ApiError> {
-            // Checked again under the lock: a voice of this name may have been made meanwhile.
-            check_new_name(&st2, &spec.name)?;
+        let (voice, warnings) = blocking(move || -> Result<(Voice, Vec<String>), ApiError> {
             let Ok(encoder) = st2.cloning.encoder.as_ref() else {
                 return Err(ApiError::internal("the encoder went away"));
             };
@@ -623,19 +627,28 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
                 }
                 Err(e) => return Err(ApiError::from(e)),
             }
-            st2.synth
-                .install_voice(&voice, &store)
-                .map_err(|e| match e {
-                    VoiceError::Exists(_) => ApiError::name_taken(format!(
-                        "a voice named {:?} exists; pick another name",
-                        voice.name
-                    )),
-                    other => ApiError::internal(other.to_string()),
-                })?;
             Ok((voice, warnings))
         })
         .await??;
-        let (voice, warnings) = made;
+        let st2 = st.clone();
+        let (voice, warnings) = st
+            .cloning
+            .exclusive(move || -> Result<(Voice, Vec<String>), ApiError> {
+                // Checked again under the locks: a voice of this name may have been made
+                // meanwhile, here or by another server sharing the store (which is read again).
+                check_new_name(&st2, &voice.name)?;
+                st2.synth
+                    .install_voice(&voice, &store)
+                    .map_err(|e| match e {
+                        VoiceError::Exists(_) => ApiError::name_taken(format!(
+                            "a voice named {:?} exists; pick another name",
+                            voice.name
+                        )),
+                        other => ApiError::internal(other.to_string()),
+                    })?;
+                Ok((voice, warnings))
+            })
+            .await??;
         tracing::info!(name = %voice.name, codes = voice.codes.len(), "voice cloned");
         let mut obj = voice_object(&voice);
         obj["warnings"] = json!(warnings);

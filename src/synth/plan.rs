@@ -75,13 +75,29 @@ impl FrontEnd {
         &self.pkg
     }
 
-    /// The voices now.
+    /// The voices now: the snapshot held, read again from disk when its last read began
+    /// [`REVALIDATE`](crate::voice::REVALIDATE) ago or more and replaced when anything changed
+    /// (another server sharing the store made or deleted a voice). Its lookups read the disk
+    /// again themselves on a miss ([`VoiceStore::get`]).
     pub fn voices(&self) -> Arc<VoiceStore> {
         // A panic while swapping cannot leave a half-made store: the swap is one assignment.
-        self.voices
+        let held = self
+            .voices
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+            .clone();
+        let Some(fresh) = held.refreshed(crate::voice::REVALIDATE) else {
+            return held;
+        };
+        let mut guard = self
+            .voices
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Another caller may have swapped in a snapshot as new or newer meanwhile.
+        if guard.generation() < fresh.generation() {
+            *guard = Arc::new(fresh);
+        }
+        guard.clone()
     }
 
     /// Changes the voices for every request planned from now on.

@@ -1,14 +1,18 @@
 //! Voices: reference codes plus their exact transcript and language.
 //!
 //! A voice is one JSON file `NAME.json` in a voice directory (the repo's `voices/`, a user
-//! directory given by flag or `ONEBIT_VOICES`). Files are validated when the store is opened, so a
-//! bad voice is reported once with its path, not on every request.
+//! directory given by flag or `ONEBIT_VOICES`, the server's custom-voice store). Files are validated
+//! when they are read, so a bad voice is reported once with its path (a warning; the file is
+//! skipped), not on every request. A [`VoiceStore`] reads its directories again when a lookup
+//! misses or a file changed, so servers sharing a directory agree ([`shared`]).
 //!
 //! [`import`] turns the vendor's `NAME.pt` + `NAME.txt` pairs (read without torch, see `torch` and
 //! `pickle`), `.npy` arrays and JSON code lists into voices, and saves and removes voice files.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,9 +22,12 @@ pub mod clone;
 pub mod consent;
 pub mod import;
 mod pickle;
+pub mod shared;
 mod torch;
 
 pub use import::{ImportOptions, check_budget, import_path, import_paths, length_warning};
+use shared::{Disk, Slot};
+pub use shared::{DiskReads, LOCK_FILE, REVALIDATE, StoreLock};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VoiceError {
@@ -173,69 +180,165 @@ pub fn validate_name(name: &str) -> Result<(), VoiceError> {
 }
 
 /// All voices found in the given directories; a later directory's voice of the same name wins.
-#[derive(Debug, Clone, Default)]
+///
+/// A store is a snapshot of its directories, and every snapshot of one store shares what was read
+/// from disk ([`shared`]), so servers that share a directory agree: a lookup that misses, or finds
+/// a voice whose file changed or went (one `stat`), reads the directories again before answering;
+/// a listing is as old as the snapshot it comes from (`FrontEnd::voices` refreshes that after
+/// [`REVALIDATE`]). A file that is not a valid voice is skipped with a warning.
+#[derive(Debug, Default)]
 pub struct VoiceStore {
-    voices: BTreeMap<String, (Voice, PathBuf)>,
+    voices: BTreeMap<String, Slot>,
     dirs: Vec<PathBuf>,
+    /// The directories as read; `None` for a store made empty ([`Default`]).
+    disk: Option<Arc<Disk>>,
+    /// The disk's generation this snapshot was built at.
+    generation: u64,
+    /// The snapshot a lookup that had to read the disk again found its answer in (so that it can
+    /// lend it out for as long as this one lives).
+    newer: OnceLock<Arc<VoiceStore>>,
+}
+
+impl Clone for VoiceStore {
+    fn clone(&self) -> Self {
+        Self {
+            voices: self.voices.clone(),
+            dirs: self.dirs.clone(),
+            disk: self.disk.clone(),
+            generation: self.generation,
+            newer: OnceLock::new(),
+        }
+    }
 }
 
 impl VoiceStore {
-    /// Reads every `*.json` voice in `dirs` (missing directories are skipped). A file that is not a
-    /// valid voice is an error naming it.
+    /// Reads every `*.json` voice in `dirs` (missing directories are skipped). A file that is not
+    /// a valid voice is skipped with a warning naming it and why (once per state of the file);
+    /// the `Result` is kept for callers that expect one.
     pub fn open(dirs: &[PathBuf]) -> Result<Self, VoiceError> {
-        let mut store = Self {
-            voices: BTreeMap::new(),
-            dirs: dirs.to_vec(),
-        };
-        for dir in dirs {
-            let Ok(entries) = std::fs::read_dir(dir) else {
-                continue;
-            };
-            let mut files: Vec<PathBuf> = entries
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "json"))
-                .collect();
-            files.sort();
-            for path in files {
-                let voice = read_voice(&path)?;
-                store.voices.insert(voice.name.clone(), (voice, path));
-            }
+        Ok(Self::from_disk(Disk::open(dirs)))
+    }
+
+    /// The snapshot of what `disk` holds now.
+    fn from_disk(disk: Arc<Disk>) -> Self {
+        let (generation, dirs, voices) = disk.view();
+        Self {
+            voices,
+            dirs,
+            disk: Some(disk),
+            generation,
+            newer: OnceLock::new(),
         }
-        Ok(store)
+    }
+
+    /// This store's voice of `name` or, for a `voice_...` name, of that id.
+    fn find(&self, name: &str) -> Option<&Slot> {
+        let by_id = || {
+            self.voices
+                .values()
+                .find(|s| s.voice.custom.as_ref().is_some_and(|c| c.id == name))
+        };
+        // An id wins over a name spelled like one, so no name can take another voice's id.
+        if name.starts_with(CUSTOM_ID_PREFIX) {
+            by_id().or_else(|| self.voices.get(name))
+        } else {
+            self.voices.get(name).or_else(by_id)
+        }
+    }
+
+    /// `find`'s answer as the disk has it: a voice found whose file is unchanged (one `stat`),
+    /// else what the directories hold once read again (the miss reads them: one listing per
+    /// directory, parsing only new or changed files). `Err` carries the snapshot that answered,
+    /// for its names.
+    fn resolve<'a>(
+        &'a self,
+        name: &str,
+        find: impl Fn(&'a Self, &str) -> Option<&'a Slot>,
+    ) -> Result<&'a Slot, &'a Self> {
+        if let Some(slot) = find(self, name)
+            && slot.is_current()
+        {
+            return Ok(slot);
+        }
+        let Some(disk) = &self.disk else {
+            return Err(self);
+        };
+        disk.reread(std::time::Instant::now());
+        let now = disk.generation();
+        let mut fresh = self;
+        while fresh.generation < now {
+            fresh = fresh
+                .newer
+                .get_or_init(|| Arc::new(Self::from_disk(disk.clone())));
+        }
+        find(fresh, name).ok_or(fresh)
     }
 
     /// The voice of this name, or the custom voice of this id (`voice_...`).
     pub fn get(&self, name: &str) -> Result<&Voice, VoiceError> {
-        let by_id = || {
-            self.voices
-                .values()
-                .find(|(v, _)| v.custom.as_ref().is_some_and(|c| c.id == name))
-        };
-        // An id wins over a name spelled like one, so no name can take another voice's id.
-        let found = if name.starts_with(CUSTOM_ID_PREFIX) {
-            by_id().or_else(|| self.voices.get(name))
-        } else {
-            self.voices.get(name).or_else(by_id)
-        };
-        found.map(|(v, _)| v).ok_or_else(|| VoiceError::Unknown {
-            name: name.to_owned(),
-            known: self.names(),
-        })
+        self.resolve(name, Self::find)
+            .map(|s| &*s.voice)
+            .map_err(|fresh| VoiceError::Unknown {
+                name: name.to_owned(),
+                known: fresh.names(),
+            })
     }
 
     /// The file a voice was read from (or saved to).
     pub fn path_of(&self, name: &str) -> Option<&Path> {
-        self.voices.get(name).map(|(_, p)| p.as_path())
+        self.resolve(name, |s, n| s.voices.get(n))
+            .ok()
+            .map(|s| s.path.as_path())
     }
 
-    /// Adds (or replaces) a voice saved at `path`.
+    /// Adds a voice saved at `path`: its directory becomes one of the store's (the first, so any
+    /// other directory's voice of its name wins) and the directories are read again.
     pub fn insert(&mut self, voice: Voice, path: PathBuf) {
-        self.voices.insert(voice.name.clone(), (voice, path));
+        let disk = self.disk.get_or_insert_with(|| Disk::open(&[])).clone();
+        if let Some(dir) = path.parent() {
+            disk.add_dir(dir);
+        }
+        *self = Self::from_disk(disk);
+        if self.voices.get(&voice.name).is_none_or(|s| s.path != path) {
+            // Not (or no longer) on disk where it was saved: offered as given.
+            let slot = Slot {
+                voice: Arc::new(voice),
+                path,
+                id: None,
+            };
+            self.voices.insert(slot.voice.name.clone(), slot);
+        }
     }
 
-    /// Forgets a voice (its file stays); returns it and its file.
+    /// Stops offering a voice (its file is expected gone: the store reads its directories again,
+    /// and a file still there comes back at the next read); returns it and its file.
     pub fn forget(&mut self, name: &str) -> Option<(Voice, PathBuf)> {
-        self.voices.remove(name)
+        let old = self.voices.get(name).cloned();
+        if let Some(disk) = self.disk.clone() {
+            disk.reread(std::time::Instant::now());
+            *self = Self::from_disk(disk);
+        }
+        self.voices.remove(name);
+        old.map(|s| (Voice::clone(&s.voice), s.path))
+    }
+
+    /// A snapshot of what the directories hold now when this one is out of date: they are read
+    /// again when the last read began `max_age` or more ago. `None`: this one is current.
+    pub fn refreshed(&self, max_age: Duration) -> Option<Self> {
+        let disk = self.disk.as_ref()?;
+        disk.revalidate(max_age);
+        (disk.generation() != self.generation).then(|| Self::from_disk(disk.clone()))
+    }
+
+    /// Which read of the disk this snapshot shows: a later snapshot of the same store has a
+    /// higher one when anything changed in between.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// How often this store's directories were listed and its files parsed, by every snapshot.
+    pub fn disk_reads(&self) -> DiskReads {
+        self.disk.as_ref().map(|d| d.reads()).unwrap_or_default()
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -243,7 +346,7 @@ impl VoiceStore {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Voice, &Path)> {
-        self.voices.values().map(|(v, p)| (v, p.as_path()))
+        self.voices.values().map(|s| (&*s.voice, s.path.as_path()))
     }
 
     pub fn dirs(&self) -> &[PathBuf] {
