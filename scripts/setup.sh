@@ -38,6 +38,9 @@ py="${PYTHON:-python3}"
 #   chromium-headless-shell  the web page's test in a real browser
 #   libclang-dev     bindgen's libclang, for llama-cpp-sys-2 (the llama engine's bundled llama.cpp,
 #                    which cmake and the C++ compiler of build-essential build)
+#   binutils         objcopy and readelf: scripts/package.sh splits the release binary's debug info
+#                    off and its test (tests/release_package.rs) reads the ELF files' needs
+#   patchelf         scripts/package.sh sets the release binary's RUNPATH ($ORIGIN/../lib)
 command -v "$py" >/dev/null || { echo "setup: $py (Python 3) is required" >&2; exit 1; }
 missing=()
 { command -v cc >/dev/null && command -v make >/dev/null; } || missing+=(build-essential)
@@ -55,6 +58,8 @@ has_libclang() {  # plain bash: the check runs with a minimal PATH too
   return 1
 }
 has_libclang || missing+=(libclang-dev)
+{ command -v objcopy >/dev/null && command -v readelf >/dev/null; } || missing+=(binutils)
+command -v patchelf >/dev/null || missing+=(patchelf)
 # Optional: ccache lets scripts/test.sh's clippy and test runs share one build of llama.cpp and
 # libopus (without it they are built twice). Installed beside the others as root, else noted.
 optional=()
@@ -68,7 +73,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   else
-    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test, chromium-headless-shell the web page test, libclang-dev the llama engine's bindings)" >&2
+    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test, chromium-headless-shell the web page test, libclang-dev the llama engine's bindings, binutils and patchelf the release package)" >&2
     if command -v apt-get >/dev/null; then
       echo "setup: installing them needs root; run:  sudo apt-get install -y ${missing[*]}  and then this script again" >&2
     else
@@ -77,7 +82,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
 fi
-echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm, chromium-headless-shell, libclang)"
+echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm, chromium-headless-shell, libclang, binutils, patchelf)"
 # An optional package never stops the setup: offline or without the package, it is a note.
 if [ ${#optional[@]} -gt 0 ] && can_install; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
