@@ -21,7 +21,7 @@
 #                             ThirdPartyNotices.txt from the onnxruntime wheel it came from
 #       oga/lib/              libonnxruntime-genai.so, the same from its wheel
 #       neutts/               espeak-ng: libespeak-ng.so.1 + espeak-ng-data/, COPYING (GPL-3)
-#       tn/damga-1.0.5/       damga's grammars with its LICENSE and NOTICE, when installed
+#       tn/damga-1.0.5/       damga's grammars with its LICENSE and NOTICE
 #     voices/ samples/ docs/ README.md LICENSE NOTICE
 #     licenses/               what the binary has built in: crates.txt (every crate compiled in,
 #                             with its licence) and each crate's licence files, the C libraries'
@@ -130,11 +130,14 @@ patchelf --remove-rpath "$pkg/.onebit/neutts/libespeak-ng.so.1"
 cp -R "$espeak/espeak-ng-data" "$pkg/.onebit/neutts/"
 cp "$common/GPL-3" "$pkg/.onebit/neutts/COPYING"
 
-# damga's grammars (Apache-2.0), with its own LICENSE and NOTICE, when installed.
-if [ -f "$damga/LICENSE" ] && [ -f "$damga/NOTICE" ]; then
-  mkdir -p "$pkg/.onebit/tn"
-  cp -R "$damga" "$pkg/.onebit/tn/"
+# damga's grammars (Apache-2.0, text normalisation), with its own LICENSE and NOTICE.
+if [ ! -f "$damga/LICENSE" ] || [ ! -f "$damga/NOTICE" ] || [ ! -f "$damga/en/read.fst" ]; then
+  echo "package: no normalisation grammars in $damga: run scripts/setup.sh" >&2
+  exit 1
 fi
+mkdir -p "$pkg/.onebit/tn"
+cp -R "$damga" "$pkg/.onebit/tn/"
+rm -f "$pkg/.onebit/tn/damga-1.0.5/.complete"
 
 # The checkout's shipped files.
 cp -R "$root/voices" "$pkg/voices"

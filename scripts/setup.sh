@@ -20,7 +20,10 @@
 #                             builder with (torch, transformers, onnx-ir: ~6 GB in the venv),
 #                             and llama.cpp's checkpoint converter into .onebit/llama-convert
 #                             (sentencepiece in the venv); scripts/test.sh asks for them
-#                             (tests/pull.rs builds and converts real packages)
+#                             (tests/pull.rs builds and converts real packages); with them the
+#                             test-only tools: damga (the normaliser's parity test),
+#                             kubernetes-validate, and the system packages of the container
+#                             tests (podman, runc, catatonit, debootstrap, haproxy)
 #   --release-build           the caller runs `cargo build --release` next (scripts/quickstart.sh):
 #                             the free-space check counts it too
 #   ONEBIT_SETUP_INSTALL=0    never install system packages, even as root: report and stop
@@ -41,6 +44,10 @@ py="${PYTHON:-python3}"
 #   binutils         objcopy and readelf: scripts/package.sh splits the release binary's debug info
 #                    off and its test (tests/release_package.rs) reads the ELF files' needs
 #   patchelf         scripts/package.sh sets the release binary's RUNPATH ($ORIGIN/../lib)
+# and with --build-tools (what scripts/test.sh asks for) the container and scale-out checks:
+#   podman, runc, catatonit, debootstrap  scripts/image.sh (a local Debian base, podman build) and
+#                    scripts/k8s-check.sh --play (podman kube play's infra container)
+#   haproxy          scripts/replicas-test.sh puts two replicas behind it
 command -v "$py" >/dev/null || { echo "setup: $py (Python 3) is required" >&2; exit 1; }
 missing=()
 { command -v cc >/dev/null && command -v make >/dev/null; } || missing+=(build-essential)
@@ -60,6 +67,15 @@ has_libclang() {  # plain bash: the check runs with a minimal PATH too
 has_libclang || missing+=(libclang-dev)
 { command -v objcopy >/dev/null && command -v readelf >/dev/null; } || missing+=(binutils)
 command -v patchelf >/dev/null || missing+=(patchelf)
+build_tools_note=""
+if [ "${1:-}" = --build-tools ]; then
+  build_tools_note=", podman, runc, catatonit, debootstrap, haproxy"
+  command -v podman >/dev/null || missing+=(podman)
+  command -v runc >/dev/null || missing+=(runc)
+  { [ -x /usr/libexec/podman/catatonit ] || command -v catatonit >/dev/null; } || missing+=(catatonit)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
+  command -v haproxy >/dev/null || missing+=(haproxy)
+fi
 # Optional: ccache lets scripts/test.sh's clippy and test runs share one build of llama.cpp and
 # libopus (without it they are built twice). Installed beside the others as root, else noted.
 optional=()
@@ -73,7 +89,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   else
-    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test, chromium-headless-shell the web page test, libclang-dev the llama engine's bindings, binutils and patchelf the release package)" >&2
+    echo "setup: missing system packages: ${missing[*]} (cmake builds libopus, build-essential the C parts, python3-venv the .onebit venv, nodejs and npm the Node SDK test, chromium-headless-shell the web page test, libclang-dev the llama engine's bindings, binutils and patchelf the release package, podman, runc, catatonit, debootstrap and haproxy the container tests)" >&2
     if command -v apt-get >/dev/null; then
       echo "setup: installing them needs root; run:  sudo apt-get install -y ${missing[*]}  and then this script again" >&2
     else
@@ -82,7 +98,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
 fi
-echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm, chromium-headless-shell, libclang, binutils, patchelf)"
+echo "setup: system prerequisites present (cc, make, cmake, python3 venv, node, npm, chromium-headless-shell, libclang, binutils, patchelf${build_tools_note:-})"
 # An optional package never stops the setup: offline or without the package, it is a note.
 if [ ${#optional[@]} -gt 0 ] && can_install; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
@@ -109,6 +125,8 @@ WEBSOCKET_CLIENT_VERSION=1.9.2
 TOKENIZERS_VERSION=0.23.3
 # Hugging Face's Python hub client: tests/pull.rs checks that `models pull` shares its cache.
 HF_HUB_VERSION=2.4.0
+# scripts/k8s-check.sh: strict schema validation of deploy/k8s's rendered manifests.
+KUBERNETES_VALIDATE_VERSION=1.37.0
 
 # onnxruntime-genai's model builder imports the checkpoint with transformers (on torch) and
 # writes the graph with onnx-ir. PyPI's torch wheel is the CUDA build (~6 GB with its libraries);
@@ -120,7 +138,7 @@ ONNX_IR_VERSION=1.1.0
 SENTENCEPIECE_VERSION=0.2.1
 # The normaliser's parity test runs damga's own Python (and its OpenFst runtime) beside ours.
 DAMGA_VERSION=1.0.5
-build_reqs="damga==$DAMGA_VERSION torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION onnx-ir==$ONNX_IR_VERSION sentencepiece==$SENTENCEPIECE_VERSION"
+build_reqs="damga==$DAMGA_VERSION kubernetes-validate==$KUBERNETES_VALIDATE_VERSION torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION onnx-ir==$ONNX_IR_VERSION sentencepiece==$SENTENCEPIECE_VERSION"
 stamp="$home/venv/.onebit-reqs"
 reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION huggingface_hub==$HF_HUB_VERSION wyoming==$WYOMING_VERSION websocket-client==$WEBSOCKET_CLIENT_VERSION ${ONEBIT_EXTRA_PIP:-}"
 

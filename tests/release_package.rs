@@ -524,9 +524,25 @@ fn every_library_it_carries_has_its_licence_text() {
     assert!(read("LICENSE").contains("Apache License"));
     assert!(read("NOTICE").contains("GPL-3.0-or-later"));
     assert!(read("samples/LICENSE").contains("NeuTTS Open License"));
-    if p.root.join(".onebit/tn/damga-1.0.5").exists() {
-        assert!(read(".onebit/tn/damga-1.0.5/LICENSE").contains("Apache License"));
-        assert!(read(".onebit/tn/damga-1.0.5/NOTICE").contains("Mihu AI"));
+    assert!(read(".onebit/tn/damga-1.0.5/LICENSE").contains("Apache License"));
+    assert!(read(".onebit/tn/damga-1.0.5/NOTICE").contains("Mihu AI"));
+}
+
+#[test]
+fn text_is_normalised_with_the_grammars_it_carries() {
+    let Some(p) = package("text_is_normalised_with_the_grammars_it_carries") else {
+        return;
+    };
+    for (lang, text, spoken) in [
+        (
+            "en-us",
+            "It costs $5.50.",
+            "It costs five dollars fifty cents.",
+        ),
+        ("de", "Am 3. Mai.", "Am dritten Mai."),
+    ] {
+        let out = checked(clean(p, "normalize").args(["normalize", "--language", lang, text]));
+        assert_eq!(out, format!("{spoken}\n"), "{lang}");
     }
 }
 
