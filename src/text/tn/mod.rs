@@ -254,6 +254,13 @@ impl Normalizer {
             }
             tried.push(d.display().to_string());
         }
+        if tried.is_empty() {
+            tried.push(
+                "no .onebit home (none in the current directory, beside the executable or \
+                 their ancestors, and ONEBIT_HOME unset)"
+                    .to_owned(),
+            );
+        }
         Err(TnError::NotFound { lang, tried })
     }
 
@@ -550,6 +557,49 @@ mod tests {
         let pieces = chunks(&list);
         assert!(pieces.len() > 1, "{}", pieces.len());
         assert!(pieces.iter().all(|p| p.len() < MAX_JOINED_BYTES + 20));
+    }
+
+    /// A transducer that reads only `from` and writes `to`, byte for byte.
+    fn only(from: &str, to: &str) -> Grammar {
+        let mut fst = VectorFst::<TropicalWeight>::new();
+        let mut state = fst.add_state();
+        fst.set_start(state).unwrap();
+        let (from, to) = (from.as_bytes(), to.as_bytes());
+        for i in 0..from.len().max(to.len()) {
+            let next = fst.add_state();
+            let label = |b: Option<&u8>| b.map_or(0, |&b| Label::from(b));
+            fst.add_tr(
+                state,
+                Tr::new(
+                    label(from.get(i)),
+                    label(to.get(i)),
+                    TropicalWeight::one(),
+                    next,
+                ),
+            )
+            .unwrap();
+            state = next;
+        }
+        fst.set_final(state, TropicalWeight::one()).unwrap();
+        Grammar { fst }
+    }
+
+    #[test]
+    fn text_without_a_reading_passes_through_with_a_note() {
+        let g = Grammars {
+            read: only("a", "word=\"a\""),
+            write: only("word=\"a\"", "A"),
+        };
+        let read = run(&g, "a", "a", Language::FrFr);
+        assert_eq!((read.text.as_str(), read.note), ("A", None));
+        assert_eq!(read.record.as_deref(), Some("word=\"a\""));
+        let kept = run(&g, "b 5", "b 5", Language::FrFr);
+        assert_eq!(kept.text, "b 5");
+        assert_eq!(kept.note, Some("the grammar has no reading of it"));
+        assert_eq!(kept.record, None);
+        // The hooked reading failing, the plain text is tried before giving up.
+        let n = normalize_sentence(&g, "a", Language::FrFr);
+        assert_eq!(n.text, "A");
     }
 
     #[test]
