@@ -97,7 +97,10 @@ fn setup_names_missing_prerequisites_and_the_command_that_installs_them() {
     let tmp = common::tempdir("first-run-prereqs");
     let copy = tmp.join("clone");
     clean_copy(&copy);
-    let base = ["bash", "dirname", "id", "python3", "apt-get"];
+    // objcopy and readelf (binutils) and patchelf: the release package's tools, always checked.
+    let base = [
+        "bash", "dirname", "id", "python3", "apt-get", "objcopy", "readelf", "patchelf",
+    ];
     let with = |extra: &[&'static str]| -> Vec<&'static str> {
         base.iter().chain(extra).copied().collect()
     };
@@ -151,9 +154,28 @@ fn setup_stops_before_downloading_when_the_disk_is_too_full() {
     let tmp = common::tempdir("first-run-space");
     let copy = tmp.join("clone");
     clean_copy(&copy);
+    // With --build-tools setup.sh also wants the container tests' tools (catatonit is found in
+    // podman's libexec directory, not on the PATH).
     let tools = [
-        "bash", "dirname", "id", "python3", "mkdir", "cat", "cc", "make", "cmake", "node", "npm",
+        "bash",
+        "dirname",
+        "id",
+        "python3",
+        "mkdir",
+        "cat",
+        "cc",
+        "make",
+        "cmake",
+        "node",
+        "npm",
         CHROMIUM,
+        "objcopy",
+        "readelf",
+        "patchelf",
+        "podman",
+        "runc",
+        "debootstrap",
+        "haproxy",
     ];
     let bin = tool_path(&tmp.join("bin"), &tools);
     // A stand-in df: POSIX output with the free KiB the test sets, and a record of what it was
