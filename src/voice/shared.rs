@@ -223,7 +223,10 @@ impl DirState {
     /// anything differs from the last read.
     fn read(&mut self, reads: &mut DiskReads) -> bool {
         reads.listings += 1;
-        let entries = match fs::read_dir(&self.path) {
+        // The whole listing first: one entry that cannot be read (a network volume's hiccup)
+        // would otherwise count every voice not yet seen as removed.
+        let entries = match fs::read_dir(&self.path).and_then(|d| d.collect::<Result<Vec<_>, _>>())
+        {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.error = None;
@@ -245,7 +248,7 @@ impl DirState {
         self.error = None;
         let mut old = std::mem::take(&mut self.files);
         let mut changed = false;
-        for entry in entries.flatten() {
+        for entry in entries {
             let file = entry.file_name();
             let Some(name) = file.to_str() else { continue };
             // Dot files are editors' and writers' temporary files (`.NAME.json.PID-N.tmp`), never
