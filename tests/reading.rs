@@ -148,6 +148,33 @@ fn pauses_in_a_row_add_up_to_one_pause_s_limit_and_empty_runs_pass_their_pause_o
 }
 
 #[test]
+fn a_long_marked_up_text_is_cut_between_words_never_inside_a_pronunciation() {
+    let text = "I like [tomato](/təmˈɑːtoʊ/) soup. ".repeat(300);
+    let v = prompt_json(&["--markup", "--no-normalize", &text]);
+    let pieces = v["pieces"].as_array().expect("several pieces");
+    assert!(pieces.len() > 1, "{}", pieces.len());
+    let mut said = Vec::new();
+    for p in pieces {
+        let (t, prepared) = (p["text"].as_str().unwrap(), p["prepared"].as_str().unwrap());
+        // The words as written, the IPA as given, no placeholder left in either.
+        assert_eq!(
+            t.matches("tomato").count(),
+            prepared.matches("təmˈɑːtoʊ").count()
+        );
+        assert!(
+            !t.chars()
+                .chain(prepared.chars())
+                .any(|c| ('\u{f0000}'..='\u{ffffd}').contains(&c))
+        );
+        said.push(t.to_owned());
+    }
+    assert_eq!(
+        said.join(" "),
+        text.replace("[tomato](/təmˈɑːtoʊ/)", "tomato").trim()
+    );
+}
+
+#[test]
 fn bad_markup_is_one_error_line_naming_the_position() {
     for (text, want) in [
         ("Hi [pause:abc] x", "markup error at character 4"),
