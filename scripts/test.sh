@@ -25,9 +25,9 @@ cargo test --locked
 "$root/.onebit/venv/bin/python" tests/python/test_normalizer_parity.py "$root/target/debug/onebit-tts"
 # The release package of the test build (no release build in CI: the package's mechanics, not
 # its optimisation, are under test), then the container image made from it: two replicas behind
-# haproxy sharing a voice store, one drained under load (~30 s once the base image is cached,
-# ~3.5 min cold); the Kubernetes manifests rendered and validated, and the cpu Deployment run
-# with podman kube play on that image.
+# haproxy sharing a voice store, one drained under load (~3.5 min on a fresh machine, which
+# makes the Debian base first; ~30 s where the base image is cached); the Kubernetes manifests
+# rendered and validated, and the cpu Deployment run with podman kube play on that image.
 rm -rf "$root/target/replicas-dist"
 bash scripts/package.sh --binary "$root/target/debug/onebit-tts" --out "$root/target/replicas-dist"
 bash scripts/replicas-test.sh "$root"/target/replicas-dist/onebit-tts-*-linux-x86_64.tar.gz
