@@ -213,7 +213,7 @@ fn whole_front_end(rounds: usize) {
     let Ok(voices) = onebit_tts::voice::VoiceStore::open(&[root.join("voices")]) else {
         return;
     };
-    let front = FrontEnd::new(pkg, voices, 0);
+    let front = FrontEnd::new(pkg, voices);
     let mut us = Vec::new();
     for _ in 0..rounds.max(1) {
         for &(lang, text) in SENTENCES.iter().filter(|(l, _)| *l == Language::EnUs) {

@@ -122,6 +122,11 @@ OPENAI_NODE_VERSION=7.55.0
 GGUF_VERSION=0.19.0
 WYOMING_VERSION=1.10.2
 WEBSOCKET_CLIENT_VERSION=1.9.2
+# The WebSocket route's client test (tests/python/ws_client.py) and the caption files' parsers
+# (tests/python/test_captions.py): real implementations, not our own readers.
+WEBSOCKETS_VERSION=17.4
+SRT_VERSION=3.5.3
+WEBVTT_VERSION=0.6.0
 TOKENIZERS_VERSION=0.23.3
 # Hugging Face's Python hub client: tests/pull.rs checks that `models pull` shares its cache.
 HF_HUB_VERSION=2.4.0
@@ -140,7 +145,7 @@ SENTENCEPIECE_VERSION=0.2.1
 DAMGA_VERSION=1.0.5
 build_reqs="damga==$DAMGA_VERSION kubernetes-validate==$KUBERNETES_VALIDATE_VERSION torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION onnx-ir==$ONNX_IR_VERSION sentencepiece==$SENTENCEPIECE_VERSION"
 stamp="$home/venv/.onebit-reqs"
-reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION huggingface_hub==$HF_HUB_VERSION wyoming==$WYOMING_VERSION websocket-client==$WEBSOCKET_CLIENT_VERSION ${ONEBIT_EXTRA_PIP:-}"
+reqs="onnxruntime==$ORT_VERSION onnxruntime-genai==$OGA_VERSION onnx==1.23.2 numpy==2.4.6 openai==$OPENAI_VERSION gguf==$GGUF_VERSION tokenizers==$TOKENIZERS_VERSION huggingface_hub==$HF_HUB_VERSION wyoming==$WYOMING_VERSION websocket-client==$WEBSOCKET_CLIENT_VERSION websockets==$WEBSOCKETS_VERSION srt==$SRT_VERSION webvtt-py==$WEBVTT_VERSION ${ONEBIT_EXTRA_PIP:-}"
 
 # What is still to install, decided once: the space check counts it, then it is installed.
 install_runtime=0

@@ -8,7 +8,7 @@
 mod common;
 
 use std::ops::ControlFlow;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, mpsc};
 
 use onebit_tts::audio::{AudioFormat, OutputSpec};
@@ -267,9 +267,9 @@ fn refused_prompts_fail_alone_without_disturbing_the_batch() {
             })
             .unwrap_err();
         assert!(
-            matches!(err.error, engine::EngineError::PromptTooLong { .. }),
+            matches!(err, engine::EngineError::PromptTooLong { .. }),
             "{:?}",
-            err.error
+            err
         );
         let mut bad = ok.1.clone();
         bad.sampling.temperature = -1.0;
@@ -278,7 +278,7 @@ fn refused_prompts_fail_alone_without_disturbing_the_batch() {
                 ControlFlow::Continue(())
             })
             .unwrap_err();
-        assert!(matches!(err.error, engine::EngineError::Sampling(_)));
+        assert!(matches!(err, engine::EngineError::Sampling(_)));
         common::assert_same(&[good.join().unwrap()], &want);
     });
 }
@@ -805,4 +805,163 @@ fn a_cancelled_prefill_stops_inside_the_run_and_loses_only_its_sequence() {
             "both slots at step {t}"
         );
     }
+}
+
+/// A batching backbone whose `fail_at`-th decode step fails once, as a device that times out
+/// once would.
+struct FailOnce {
+    inner: onebit_tts::engine::OrtBackbone,
+    steps: std::sync::Arc<AtomicUsize>,
+    fail_at: usize,
+}
+
+impl engine::Backbone for FailOnce {
+    fn reset(&mut self) {
+        self.inner.reset()
+    }
+    fn append(&mut self, tokens: &[u32]) -> Result<&[f32], engine::EngineError> {
+        self.inner.append(tokens)
+    }
+    fn logits_layout(&self) -> engine::LogitsLayout {
+        self.inner.logits_layout()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn budget(&self) -> usize {
+        self.inner.budget()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn batch(&mut self) -> Option<&mut dyn engine::BatchBackbone> {
+        Some(self)
+    }
+}
+
+impl engine::BatchBackbone for FailOnce {
+    fn open(&mut self, slot: usize) -> Result<(), engine::EngineError> {
+        self.inner.open(slot)
+    }
+    fn extend(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        cancel: &[&CancelToken],
+    ) -> Result<&[f32], engine::EngineError> {
+        self.inner.extend(slot, tokens, cancel)
+    }
+    fn step_padded(&mut self, tokens: &[u32], pad: usize) -> Result<&[f32], engine::EngineError> {
+        if self.steps.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
+            return Err(engine::EngineError::Runtime(
+                "simulated one-off device timeout".into(),
+            ));
+        }
+        self.inner.step_padded(tokens, pad)
+    }
+    fn can_pad(&self) -> bool {
+        self.inner.can_pad()
+    }
+    fn close(&mut self, slot: usize, running: usize) -> Result<(), engine::EngineError> {
+        self.inner.close(slot, running)
+    }
+}
+
+/// A transient failure on the batched path is retried like one on the one-at-a-time path: a
+/// whole-file request gets exactly the bytes it gets without the failure; a stream is never
+/// retried (its failure reaches its caller), and without a retry policy nothing is retried.
+#[test]
+fn a_transient_failure_on_the_batched_path_is_retried_once_for_a_whole_file() {
+    let want = bytes_of(
+        &synth(2, 1),
+        &request(
+            "The quick brown fox jumps over the lazy dog. Then it runs far away.",
+            "test",
+            7,
+            AudioFormat::Wav,
+            false,
+        ),
+    );
+    let failing = |retry: Option<std::time::Duration>| {
+        let cfg = SynthConfig {
+            package_dir: common::model("tiny"),
+            voice_dirs: vec![common::repo().join("voices")],
+            codec_sessions: Some(1),
+            ..SynthConfig::default()
+        };
+        let front = onebit_tts::synth::FrontEnd::load(&cfg).unwrap();
+        let (_, inner) = common::load_ort(&common::model("tiny"), KvMode::Shared);
+        let steps = std::sync::Arc::new(AtomicUsize::new(0));
+        let engine = LocalEngine(Box::new(FailOnce {
+            inner,
+            steps: steps.clone(),
+            fail_at: 5,
+        }));
+        let codec = onebit_tts::synth::load_codec(&cfg, &front.package().codec, 1).unwrap();
+        let s = Synthesizer::from_parts(
+            front,
+            Box::new(engine),
+            codec,
+            SchedulerOptions {
+                max_batch: 2,
+                prefill_chunk: 32,
+                batch_invariant: false,
+            },
+        )
+        .unwrap()
+        .with_retry(retry);
+        assert_eq!(s.max_batch(), 2, "the batched path");
+        (s, steps)
+    };
+    let (s, steps) = failing(Some(std::time::Duration::from_millis(10)));
+    let got = bytes_of(
+        &s,
+        &request(
+            "The quick brown fox jumps over the lazy dog. Then it runs far away.",
+            "test",
+            7,
+            AudioFormat::Wav,
+            false,
+        ),
+    );
+    assert!(steps.load(Ordering::SeqCst) > 5, "the failing step ran");
+    assert_eq!(got, want, "the retry made the same audio");
+
+    let (s, _) = failing(Some(std::time::Duration::from_millis(10)));
+    let err = s
+        .synthesize(
+            &request(
+                "The quick brown fox jumps over the lazy dog. Then it runs far away.",
+                "test",
+                7,
+                AudioFormat::Pcm,
+                true,
+            ),
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("simulated one-off device timeout"),
+        "{err}"
+    );
+
+    let (s, _) = failing(None);
+    let err = s
+        .synthesize(
+            &request(
+                "The quick brown fox jumps over the lazy dog. Then it runs far away.",
+                "test",
+                7,
+                AudioFormat::Wav,
+                false,
+            ),
+            &CancelToken::new(),
+            &mut |_| ControlFlow::Continue(()),
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("simulated one-off device timeout"),
+        "{err}"
+    );
 }

@@ -8,14 +8,13 @@ use std::ops::ControlFlow;
 use onebit_tts::audio::{AudioFormat, OutputSpec};
 use onebit_tts::engine::{CancelToken, GenerationParams, SamplingParams, StopReason};
 use onebit_tts::synth::{
-    PIECE_PAUSE_S, SpeechRequest, SynthConfig, SynthError, SynthEvent, Synthesizer,
+    Door, Limits, PIECE_PAUSE_S, SpeechRequest, SynthConfig, SynthError, SynthEvent, Synthesizer,
 };
 
-fn synth(max_chars: usize) -> Synthesizer {
+fn synth() -> Synthesizer {
     Synthesizer::load(&SynthConfig {
         package_dir: common::model("tiny"),
         voice_dirs: vec![common::repo().join("voices")],
-        max_input_chars: max_chars,
         ..SynthConfig::default()
     })
     .unwrap()
@@ -55,7 +54,7 @@ fn five_thousand_words_make_one_continuous_wav_in_order() {
         text.push_str(&s);
         i += 1;
     }
-    let s = synth(200_000);
+    let s = synth();
     let budget = s.package().genai.token_budget();
     let mut pieces: Vec<String> = Vec::new();
     let mut bytes = Vec::new();
@@ -126,7 +125,7 @@ fn five_thousand_words_make_one_continuous_wav_in_order() {
 
 #[test]
 fn a_word_longer_than_the_budget_is_an_error_naming_the_limit() {
-    let s = synth(200_000);
+    let s = synth();
     let word = "a".repeat(6000);
     let err = s
         .synthesize(
@@ -140,24 +139,40 @@ fn a_word_longer_than_the_budget_is_an_error_naming_the_limit() {
 }
 
 #[test]
-fn input_over_the_character_limit_is_refused() {
-    let s = synth(100);
-    let err = s
-        .synthesize(
-            &request("word ".repeat(30)),
-            &CancelToken::new(),
-            &mut |_| ControlFlow::Continue(()),
-        )
+fn input_over_the_character_limit_is_refused_at_the_door() {
+    let door = Door::new(
+        std::sync::Arc::new(synth()),
+        Limits {
+            max_input_chars: 100,
+            ..Limits::default()
+        },
+    );
+    let err = door
+        .synthesize(&request("word ".repeat(30)), &mut |_| {
+            ControlFlow::Continue(())
+        })
         .unwrap_err();
     assert_eq!(
         err.to_string(),
         "the input has 150 characters; the limit is 100 (max_input_chars)"
     );
+    assert_eq!(
+        door.load().running + door.load().queued,
+        0,
+        "nothing admitted"
+    );
+    // At the limit, the text is spoken.
+    let report = door
+        .synthesize(&request("word ".repeat(20)), &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .expect("100 characters are within the limit");
+    assert!(!report.codes.is_empty());
 }
 
 #[test]
 fn unsupported_language_and_nothing_speakable_are_clear_errors() {
-    let s = synth(0);
+    let s = synth();
     let mut req = request("Hello.".into());
     req.voice = "test".into();
     let err = "xx-yy".parse::<onebit_tts::text::Language>().unwrap_err();
@@ -216,7 +231,7 @@ fn run_pieces(
 #[test]
 fn a_piece_that_never_ends_stops_at_its_texts_code_budget() {
     assert_eq!(onebit_tts::synth::code_budget("hˈaɪ"), 140);
-    let s = synth(0);
+    let s = synth();
     let mut req = request("hi".into());
     req.generation.sampling = SamplingParams {
         seed: Some(3),
@@ -241,7 +256,7 @@ fn a_piece_that_never_ends_stops_at_its_texts_code_budget() {
 /// allows two whole pieces and 60 codes of the third; the rest is not spoken.
 #[test]
 fn max_new_tokens_is_shared_by_the_pieces_of_a_request() {
-    let s = synth(0);
+    let s = synth();
     let mut req = request(sentences(0, 30));
     let (whole, all) = run_pieces(&s, &req);
     assert!(all.len() > 3, "{} pieces", all.len());
@@ -265,7 +280,7 @@ fn max_new_tokens_is_shared_by_the_pieces_of_a_request() {
 /// A piece of a long text with nothing to speak (only emoji) is left out; the rest is spoken.
 #[test]
 fn an_emoji_only_sentence_of_a_long_text_is_skipped() {
-    let s = synth(0);
+    let s = synth();
     let text = format!("{}😀😀. {}", sentences(0, 15), sentences(15, 15));
     let (report, pieces) = run_pieces(&s, &request(text.clone()));
     assert!(pieces.len() > 3, "{} pieces", pieces.len());

@@ -553,3 +553,20 @@ fn walk(dir: &Path) -> Vec<String> {
     }
     out
 }
+
+/// The WebSocket route with the `websockets` package as the client: tests/python/ws_client.py
+/// (text written in chunks spoken sentence by sentence as it completes, close codes for bad
+/// messages, the key).
+#[test]
+fn the_websocket_route_speaks_text_as_it_is_written() {
+    let dir = common::tempdir("ws");
+    let server_log = dir.join("server.log");
+    let (_server, addr) = start_server("tiny", &[], &server_log);
+    let out = Command::new(python())
+        .arg(common::repo().join("tests/python/ws_client.py"))
+        .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["--key", KEY])
+        .output()
+        .unwrap();
+    expect_all_pass(out, "ws_client.py", &server_log, 8);
+}

@@ -60,7 +60,7 @@ fn prompts_equal_the_vendor_template_output() {
         onebit_tts::package::ModelPackage::load(&package_with_shared_tokenizer(&shared), None)
             .unwrap();
     let store = VoiceStore::open(&[voices_dir]).unwrap();
-    let front = FrontEnd::new(pkg, store, 0);
+    let front = FrontEnd::new(pkg, store);
     let cases = golden["cases"].as_array().unwrap();
     let mut checked = 0;
     for case in cases {

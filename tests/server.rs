@@ -2540,3 +2540,143 @@ async fn the_page_loads_without_a_key_and_no_other_site_may_frame_it() {
     let r = c.get(s.url("/v1/audio/voices")).send().await.unwrap();
     api_error(r, 401, None, Some("invalid_api_key")).await;
 }
+
+// ---- The front door: every transport through one admission ----
+
+/// HTTP and Wyoming on one server share the front door: together they never run more than the
+/// scheduler's places, and the queue bound counts the requests of both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_and_wyoming_share_the_places_and_the_queue_bound() {
+    use onebit_tts::server::serve_listeners;
+    use onebit_tts::server::wyoming::{read_event, write_event};
+    use tokio::io::BufReader;
+
+    let (synth, gate) = gated_tiny();
+    assert_eq!(synth.max_batch(), 1, "the gated engine runs one at a time");
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let wyoming = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (http_addr, wy_addr) = (http.local_addr().unwrap(), wyoming.local_addr().unwrap());
+    let cfg = ServerConfig {
+        addr: http_addr,
+        queue_depth: 1,
+        ..config()
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve_listeners(
+        Some(http),
+        Some(wyoming),
+        synth,
+        cfg,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let s = Arc::new(Server {
+        addr: http_addr,
+        stop: Mutex::new(Some(stop)),
+        task: Mutex::new(Some(task)),
+    });
+    let c = client();
+    let health = |c: Client, s: Arc<Server>| async move {
+        let h: Value = c
+            .get(s.url("/health"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        (
+            h["running"].as_u64().unwrap(),
+            h["queue_depth"].as_u64().unwrap(),
+        )
+    };
+    let wait_health = |want: (u64, u64)| {
+        let (c, s) = (c.clone(), s.clone());
+        async move {
+            let start = Instant::now();
+            loop {
+                let got = health(c.clone(), s.clone()).await;
+                if got == want {
+                    return;
+                }
+                assert!(
+                    start.elapsed() < WAIT,
+                    "health never reached {want:?}: {got:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+
+    // One HTTP request takes the only place (held at the engine's gate).
+    let running = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move {
+            let r = speak(&c, &s, &body(json!({"response_format": "wav"}))).await;
+            (r.status(), r.bytes().await.unwrap())
+        })
+    };
+    wait_health((1, 0)).await;
+
+    // A Wyoming request waits in the same line.
+    let conn = tokio::net::TcpStream::connect(wy_addr).await.unwrap();
+    let (read, mut write) = conn.into_split();
+    let mut read = BufReader::new(read);
+    write_event(
+        &mut write,
+        "synthesize",
+        json!({"text": TEXT, "voice": {"name": "test"}}),
+        &[],
+    )
+    .await
+    .unwrap();
+    wait_health((1, 1)).await;
+
+    // The queue (depth 1) is full with Wyoming's request: HTTP is refused...
+    let r = speak(&c, &s, &body(json!({"response_format": "wav"}))).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "retry-after"), "1");
+    // ...and so is a second Wyoming client, with an error event.
+    let conn2 = tokio::net::TcpStream::connect(wy_addr).await.unwrap();
+    let (read2, mut write2) = conn2.into_split();
+    let mut read2 = BufReader::new(read2);
+    write_event(&mut write2, "synthesize", json!({"text": TEXT}), &[])
+        .await
+        .unwrap();
+    let refused = read_event(&mut read2).await.unwrap().unwrap();
+    assert_eq!(refused.kind, "error");
+    assert_eq!(refused.data["code"], "busy", "{:?}", refused.data);
+    let metrics = metrics_text(&c, &s).await;
+    assert_eq!(metric(&metrics, "onebit_running"), 1.0);
+    assert_eq!(metric(&metrics, "onebit_queue_depth"), 1.0);
+
+    // Released, both run, one after the other, and Wyoming's speaks whole.
+    gate.release();
+    let (status, wav) = running.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(wav.len() > 44);
+    let mut kinds = Vec::new();
+    let mut pcm = 0usize;
+    loop {
+        let ev = read_event(&mut read).await.unwrap().expect("an event");
+        pcm += ev.payload.len();
+        let end = ev.kind == "audio-stop" || ev.kind == "error";
+        kinds.push(ev.kind);
+        if end {
+            break;
+        }
+    }
+    assert_eq!(kinds.first().map(String::as_str), Some("audio-start"));
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("audio-stop"),
+        "{kinds:?}"
+    );
+    assert!(
+        pcm > 0 && pcm.is_multiple_of(SAMPLES_PER_CODE * 2),
+        "{pcm} bytes"
+    );
+    wait_health((0, 0)).await;
+    s.stop().await;
+}

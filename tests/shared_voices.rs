@@ -41,7 +41,7 @@ fn voice(name: &str, id: &str, first_code: u32) -> Voice {
 fn front(store: &Path) -> FrontEnd {
     let pkg = ModelPackage::load(&common::model("tiny"), None).unwrap();
     let dirs = [store.to_path_buf(), common::repo().join("voices")];
-    FrontEnd::new(pkg, VoiceStore::open(&dirs).unwrap(), 0)
+    FrontEnd::new(pkg, VoiceStore::open(&dirs).unwrap())
 }
 
 /// Makes a voice as the server does: under the store's lock, its name checked against the store

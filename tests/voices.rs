@@ -923,5 +923,5 @@ fn budget_refuses_references_that_fill_the_context() {
 /// The test package's front end, for measuring references by their exact prompt.
 fn tiny_front() -> onebit_tts::synth::FrontEnd {
     let pkg = onebit_tts::package::ModelPackage::load(&common::model("tiny"), None).unwrap();
-    onebit_tts::synth::FrontEnd::new(pkg, VoiceStore::open(&[]).unwrap(), 0)
+    onebit_tts::synth::FrontEnd::new(pkg, VoiceStore::open(&[]).unwrap())
 }

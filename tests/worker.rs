@@ -58,7 +58,6 @@ fn cpu_config() -> WorkerConfig {
         timeouts: WorkerTimeouts::default(),
         gate: None,
         roots: SystemRoots::default(),
-        retry_delay: None,
         ep_library: None,
         oga: None,
     }
@@ -952,6 +951,11 @@ fn a_crash_mid_request_is_a_503_and_the_next_request_respawns_the_worker() {
     let synth = Synthesizer::load(&synth_config(true)).expect("worker");
     let h = synth.worker().expect("worker").clone();
     let first = pid_of(&h);
+    let described = synth.engine_description();
+    assert!(
+        described.starts_with(&format!("worker pid {first}: ")),
+        "{described}"
+    );
     let (r, bytes) = synthesize(&synth, &long_request(false), |index| {
         if index == 0 {
             kill(first, libc::SIGKILL);
@@ -973,16 +977,21 @@ fn a_crash_mid_request_is_a_503_and_the_next_request_respawns_the_worker() {
     assert!(!report.codes.is_empty() && !bytes.is_empty());
     assert_eq!(h.spawns(), 2);
     assert_ne!(h.pid(), Some(first));
+    // The engine line (/health's) is read live: it names the respawned worker, not the first.
+    let second = pid_of(&h);
+    let described = synth.engine_description();
+    assert!(
+        described.starts_with(&format!("worker pid {second}: ")),
+        "{described} after the respawn of {first} as {second}"
+    );
 }
 
 /// A worker engine that retries after `delay`, as the NPU route does.
 fn retrying(delay: Duration) -> (Synthesizer, WorkerHandle) {
-    let mut cfg = cpu_config();
-    cfg.retry_delay = Some(delay);
-    let mut w = WorkerEngine::new(cfg);
+    let mut w = WorkerEngine::new(cpu_config());
     w.start().expect("start");
     let h = w.handle();
-    (synth_with(w), h)
+    (synth_with(w).with_retry(Some(delay)), h)
 }
 
 #[test]

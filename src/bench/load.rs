@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::engine::{
     CancelToken, Candidates, GenerationParams, SamplingParams, Scheduler, SchedulerOptions,
 };
-use crate::synth::{FrontEnd, SynthConfig, SynthEvent, Synthesizer, load_engine};
+use crate::synth::{Door, FrontEnd, SynthConfig, SynthEvent, load_engine};
 
 use super::peers::BenchError;
 use super::{Stat, machine, peak_rss_mb, synthetic_prompt};
@@ -296,8 +296,7 @@ pub fn engine_load(
     let solo = sched
         .generate(&prompt, &params, &CancelToken::new(), &mut |_| {
             ControlFlow::Continue(())
-        })
-        .map_err(|e| e.error)?
+        })?
         .codes;
     let total = levels.len() * runs;
     let mut out = Vec::new();
@@ -311,13 +310,11 @@ pub fn engine_load(
                 total,
             );
             all.push(together(n, |_, s: &mut Stream| {
-                let g = sched
-                    .generate(&prompt, &params, &CancelToken::new(), &mut |code| {
-                        s.code(code);
-                        s.first_out.get_or_insert(Instant::now());
-                        ControlFlow::Continue(())
-                    })
-                    .map_err(|e| e.error)?;
+                let g = sched.generate(&prompt, &params, &CancelToken::new(), &mut |code| {
+                    s.code(code);
+                    s.first_out.get_or_insert(Instant::now());
+                    ControlFlow::Continue(())
+                })?;
                 s.prefill = g.prefill;
                 Ok(())
             })?);
@@ -376,20 +373,19 @@ fn together(
 /// code (a request arriving while the others run). The streams of a run share a seed, so they
 /// make the same codes: a short take beside a long one would measure the lengths, not the batch.
 pub fn pipeline_load(
-    synth: &Synthesizer,
+    door: &Door,
     voice: &str,
     levels: &[usize],
     runs: usize,
     sampling: SamplingParams,
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<LoadReport, BenchError> {
+    let synth = door.synth();
     let text = super::TEXTS[1].1;
     let request = |seed: u64| super::bench_request(text, voice, seed, sampling);
     // Warm-up, as engine-only.
     progress("pipeline warm-up", 0, 1);
-    synth.synthesize(&request(0), &CancelToken::new(), &mut |_| {
-        ControlFlow::Continue(())
-    })?;
+    door.synthesize(&request(0), &mut |_| ControlFlow::Continue(()))?;
     let total = levels.len() * runs;
     let mut out = Vec::new();
     for (li, &n) in levels.iter().enumerate() {
@@ -417,7 +413,7 @@ pub fn pipeline_load(
                     s.started = Instant::now();
                 }
                 let mut told = late;
-                let result = synth.synthesize(&request(r as u64), &CancelToken::new(), &mut |ev| {
+                let result = door.synthesize(&request(r as u64), &mut |ev| {
                     match ev {
                         SynthEvent::Code { code, .. } => {
                             s.code(code);

@@ -17,7 +17,7 @@ use crate::engine::{
     CancelToken, Candidates, Engine, EngineError, GenerationParams, SamplingParams,
 };
 use crate::metrics;
-use crate::synth::{SpeechRequest, SynthError, SynthEvent, Synthesizer};
+use crate::synth::{Door, SpeechRequest, SynthError, SynthEvent};
 
 /// The fixed texts: a short, a medium and a long one.
 pub const TEXTS: &[(&str, &str)] = &[
@@ -178,12 +178,13 @@ pub fn files_mb(dir: &std::path::Path) -> f64 {
 
 /// Runs every (text, voice) case `runs` times, streaming, with seeds 0..runs.
 pub fn run(
-    synth: &Synthesizer,
+    door: &Door,
     voices: &[String],
     runs: usize,
     sampling: SamplingParams,
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Report, SynthError> {
+    let synth = door.synth();
     let started = Instant::now();
     let mut all = Vec::new();
     let total = TEXTS.len() * voices.len() * runs;
@@ -194,7 +195,7 @@ pub fn run(
                 progress(&format!("{case} / {voice} / run {}", r + 1), done, total);
                 let req = bench_request(text, voice, r as u64, sampling);
                 let mut code_times = Vec::new();
-                let report = synth.synthesize(&req, &CancelToken::new(), &mut |ev| {
+                let report = door.synthesize(&req, &mut |ev| {
                     if let SynthEvent::Code { index, .. } = ev
                         && index % 10 == 9
                     {

@@ -31,7 +31,7 @@ pub use ryzenai::{CustomOpsRoute, ProviderSetup};
 pub use sampler::{
     Candidates, InvalidSampling, LogitsLayout, SampleError, Sampler, SamplingParams,
 };
-pub use scheduler::{JobError, Scheduler, SchedulerOptions, SchedulerStats};
+pub use scheduler::{Scheduler, SchedulerOptions, SchedulerStats};
 pub use sequence::{Sequence, SequenceLimits};
 // The thread plan is the runtime's (the codec shares it); the engine's options carry it.
 pub use crate::runtime::{CpuTopology, ThreadPlan, ThreadPolicy};
@@ -110,6 +110,18 @@ pub enum EngineError {
     /// holds the NPU has not exited yet, or a respawned worker's NPU residency was not proven.
     #[error("the engine is unavailable: {0}")]
     Unavailable(String),
+}
+
+impl EngineError {
+    /// Whether a retry may cure this failure: a worker that died or hung (the next request gets
+    /// a fresh one), the runtime or the device failing at run time (the NPU's one-off
+    /// first-dispatch timeout). Refused input, bad settings and a cancelled run are not.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::WorkerCrashed { .. } | Self::Runtime(_) | Self::Device(_) | Self::Worker(_)
+        )
+    }
 }
 
 impl From<ort::Error<ort::session::builder::SessionBuilder>> for EngineError {
@@ -313,13 +325,6 @@ pub trait Engine: Send {
     /// Where the backbone runs.
     fn device(&self) -> Device {
         Device::Cpu
-    }
-    /// How long to wait before retrying a request that failed with `err`, once; `None`: do not
-    /// retry. Only the caller knows whether a retry is safe (no audio left yet); the engine
-    /// knows whether the failure is the kind a retry cures (the NPU's one-off first-dispatch
-    /// timeout, a worker that died).
-    fn retry_delay(&self, _err: &EngineError) -> Option<Duration> {
-        None
     }
     /// The worker child behind this engine, if any (pid, residency, how it ended).
     fn worker(&self) -> Option<WorkerHandle> {

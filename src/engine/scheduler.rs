@@ -56,26 +56,9 @@ impl Default for SchedulerOptions {
     }
 }
 
-/// A generation that failed, with what the engine says of retrying it.
-#[derive(Debug)]
-pub struct JobError {
-    pub error: EngineError,
-    /// How long to wait before one retry, when the engine says a retry may cure this failure.
-    pub retry_after: Option<Duration>,
-}
-
-impl From<EngineError> for JobError {
-    fn from(error: EngineError) -> Self {
-        Self {
-            error,
-            retry_after: None,
-        }
-    }
-}
-
 enum JobEvent {
     Code(u32),
-    Done(Result<Generation, JobError>),
+    Done(Result<Generation, EngineError>),
 }
 
 struct Job {
@@ -93,7 +76,7 @@ impl Job {
         self.cancel.is_cancelled() || self.stop.is_cancelled()
     }
 
-    fn done(&self, result: Result<Generation, JobError>) {
+    fn done(&self, result: Result<Generation, EngineError>) {
         // The caller may have gone (a panic on its side); nobody is left to tell.
         let _ = self.events.send(JobEvent::Done(result));
     }
@@ -206,7 +189,7 @@ impl Scheduler {
         params: &GenerationParams,
         cancel: &CancelToken,
         on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
-    ) -> Result<Generation, JobError> {
+    ) -> Result<Generation, EngineError> {
         self.submit(prompt, params, cancel)?.wait(on_code)
     }
 
@@ -216,7 +199,7 @@ impl Scheduler {
         prompt: &[u32],
         params: &GenerationParams,
         cancel: &CancelToken,
-    ) -> Result<Pending, JobError> {
+    ) -> Result<Pending, EngineError> {
         let (events, rx) = mpsc::channel();
         let stop = CancelToken::new();
         let job = Job {
@@ -235,10 +218,8 @@ impl Scheduler {
     }
 }
 
-fn gone() -> JobError {
-    JobError::from(EngineError::Unavailable(
-        "the scheduler thread has stopped (a panic inside the engine)".into(),
-    ))
+fn gone() -> EngineError {
+    EngineError::Unavailable("the scheduler thread has stopped (a panic inside the engine)".into())
 }
 
 /// A queued or running generation.
@@ -252,7 +233,7 @@ impl Pending {
     pub fn wait(
         self,
         on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
-    ) -> Result<Generation, JobError> {
+    ) -> Result<Generation, EngineError> {
         let mut seen = 0usize;
         loop {
             match self.rx.recv().map_err(|_| gone())? {
@@ -366,18 +347,13 @@ impl Lane {
                 let either = either.clone();
                 t.on_cancel(move || either.cancel())
             });
-            let result = engine
-                .generate(
-                    &self.candidates,
-                    &job.prompt,
-                    &job.params,
-                    &either,
-                    &mut job.on_code(),
-                )
-                .map_err(|error| JobError {
-                    retry_after: engine.retry_delay(&error),
-                    error,
-                });
+            let result = engine.generate(
+                &self.candidates,
+                &job.prompt,
+                &job.params,
+                &either,
+                &mut job.on_code(),
+            );
             drop(counted);
             job.done(result);
         }
@@ -443,7 +419,7 @@ impl Lane {
             .and_then(|seq| batch.backbone.open(slot).map(|()| seq));
         match started {
             Ok(seq) => batch.prefill = Some(Prefill { job, seq, done: 0 }),
-            Err(e) => job.done(Err(e.into())),
+            Err(e) => job.done(Err(e)),
         }
     }
 }
@@ -505,7 +481,7 @@ impl Batch<'_> {
             Err(EngineError::Interrupted) => return p.job.done(Ok(p.seq.cancelled())),
             Err(e) => {
                 // A failed run leaves the cache unusable for every sequence in it.
-                p.job.done(Err(again(&e).into()));
+                p.job.done(Err(again(&e)));
                 return self.fail_all(&e);
             }
         };
@@ -525,7 +501,7 @@ impl Batch<'_> {
                 self.publish();
             }
             Ok(None) => p.job.done(Ok(p.seq.finish())),
-            Err(e) => p.job.done(Err(e.into())),
+            Err(e) => p.job.done(Err(e)),
         }
     }
 
@@ -575,7 +551,7 @@ impl Batch<'_> {
             };
             match err {
                 None => r.job.done(Ok(r.seq.finish())),
-                Some(e) => r.job.done(Err(e.into())),
+                Some(e) => r.job.done(Err(e)),
             }
         }
     }
@@ -599,7 +575,7 @@ impl Batch<'_> {
         let r = self.running.swap_remove(i);
         self.publish();
         if let Err(e) = moved {
-            r.job.done(Err(again(&e).into()));
+            r.job.done(Err(again(&e)));
             self.fail_all(&e);
             return None;
         }
@@ -614,10 +590,10 @@ impl Batch<'_> {
         let running = std::mem::take(&mut self.running);
         self.publish();
         for r in running {
-            r.job.done(Err(again(e).into()));
+            r.job.done(Err(again(e)));
         }
         if let Some(p) = self.prefill.take() {
-            p.job.done(Err(again(e).into()));
+            p.job.done(Err(again(e)));
         }
     }
 }

@@ -66,9 +66,9 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             addr: SocketAddr::from(([127, 0, 0, 1], 8880)),
-            queue_depth: 8,
+            queue_depth: crate::synth::DEFAULT_QUEUE_DEPTH,
             max_body_bytes: 64 * 1024,
-            max_input_chars: 4096,
+            max_input_chars: crate::synth::DEFAULT_MAX_INPUT_CHARS,
             request_timeout: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(30),
             retry_after_s: 1,
@@ -136,13 +136,13 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEBIT_PORT", default_value_t = 8880)]
     pub port: u16,
     /// Requests that may wait while the running ones (up to --max-batch) generate; more get 429.
-    #[arg(long, env = "ONEBIT_QUEUE_DEPTH", default_value_t = 8)]
+    #[arg(long, env = "ONEBIT_QUEUE_DEPTH", default_value_t = crate::synth::DEFAULT_QUEUE_DEPTH)]
     pub queue_depth: usize,
     /// Largest request body in bytes (413 above).
     #[arg(long, env = "ONEBIT_MAX_BODY_BYTES", default_value_t = 65_536)]
     pub max_body_bytes: usize,
     /// Longest `input` in characters (400 above).
-    #[arg(long, env = "ONEBIT_MAX_INPUT_CHARS", default_value_t = 4096)]
+    #[arg(long, env = "ONEBIT_MAX_INPUT_CHARS", default_value_t = crate::synth::DEFAULT_MAX_INPUT_CHARS)]
     pub max_input_chars: usize,
     /// Seconds a request may run before it is cancelled.
     #[arg(long, env = "ONEBIT_REQUEST_TIMEOUT_S", default_value_t = 300)]
@@ -325,6 +325,14 @@ impl ServeArgs {
 }
 
 impl ServerConfig {
+    /// The front door's limits these settings name (every transport shares them).
+    pub fn limits(&self) -> crate::synth::Limits {
+        crate::synth::Limits {
+            max_input_chars: self.max_input_chars,
+            queue_depth: self.queue_depth,
+        }
+    }
+
     /// A server other machines can reach must have a key, unless the operator says otherwise
     /// (`--insecure-no-auth`), and then it says so loudly.
     pub fn check_exposure(&self) -> Result<(), ConfigError> {

@@ -134,7 +134,8 @@ pub(super) async fn serve_connection(
         .timer(TokioTimer::new())
         .header_read_timeout(st.cfg.header_timeout)
         .keep_alive(true);
-    let conn = builder.serve_connection(io, service);
+    // Upgrades (the WebSocket route) keep the socket, with its write timeout, after the response.
+    let conn = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,

@@ -74,6 +74,11 @@ impl ApiError {
         )
     }
 
+    /// A request to the WebSocket route that is no WebSocket upgrade.
+    pub fn upgrade_required(status: StatusCode, message: impl Into<String>) -> Self {
+        Self::new(status, "websocket_upgrade_required", message)
+    }
+
     pub fn invalid_type(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_type", message)
     }
@@ -371,7 +376,9 @@ impl From<SynthError> for ApiError {
             }
             SynthError::Voice(_) => ApiError::field("voice", "invalid_voice", msg),
             SynthError::EmptyInput => ApiError::empty_input(),
-            SynthError::InputTooLong { .. } => ApiError::field("input", "input_too_long", msg),
+            SynthError::Cancelled(_) => ApiError::cancelled(),
+            SynthError::NotAdmitted(m) => ApiError::unavailable(m),
+            SynthError::InputTooLong { got, limit } => ApiError::input_too_long(got, limit),
             SynthError::WordTooLong { .. }
             | SynthError::Engine(
                 EngineError::PromptTooLong { .. } | EngineError::StaticKvFull { .. },

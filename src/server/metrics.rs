@@ -76,8 +76,6 @@ pub struct Metrics {
     first_audio_n: AtomicU64,
     completed: AtomicU64,
     last_codes_per_s_milli: AtomicU64,
-    pub queued: AtomicUsize,
-    pub running: AtomicUsize,
     rejected: [AtomicU64; 7],
     dropped: [AtomicU64; 7],
     closed: [AtomicU64; 2],
@@ -193,8 +191,10 @@ impl Metrics {
         self.cancelled.load(Ordering::Relaxed)
     }
 
-    /// The text of `/metrics`; `sched` and `places` describe the batch.
-    pub fn render(&self, sched: &SchedulerStats, places: usize) -> String {
+    /// The text of `/metrics`; `sched` describes the batch, `load` the front door (every
+    /// transport's requests).
+    pub fn render(&self, sched: &SchedulerStats, load: &crate::synth::Load) -> String {
+        let places = load.places;
         let mut s = String::new();
         s.push_str("# HELP onebit_requests_total Speech requests by HTTP status.\n# TYPE onebit_requests_total counter\n");
         if let Ok(m) = self.by_status.lock() {
@@ -312,14 +312,14 @@ impl Metrics {
             (
                 "onebit_queue_depth",
                 "gauge",
-                "Requests waiting for the engine.",
-                self.queued.load(Ordering::Relaxed) as f64,
+                "Requests waiting for the engine (every transport).",
+                load.queued as f64,
             ),
             (
                 "onebit_running",
                 "gauge",
-                "Requests being synthesised.",
-                self.running.load(Ordering::Relaxed) as f64,
+                "Requests being synthesised (every transport).",
+                load.running as f64,
             ),
             (
                 "onebit_connections_open",
@@ -403,7 +403,13 @@ mod tests {
         // Not on the NPU (or not countable): unknown, counted nowhere.
         m.generated(50, 1.0, &t, StopReason::Length, None);
         assert_eq!(m.last_npu_commands(), None);
-        let text = m.render(&SchedulerStats::default(), 1);
+        let load = crate::synth::Load {
+            running: 0,
+            queued: 0,
+            places: 1,
+            queue_depth: 8,
+        };
+        let text = m.render(&SchedulerStats::default(), &load);
         for line in [
             "onebit_npu_commands_total 640\n",
             "onebit_npu_counted_requests_total 2\n",

@@ -1,14 +1,15 @@
 //! The OpenAI-compatible HTTP server (`onebit-tts serve`). Only this module knows HTTP.
 //!
-//! One [`Synthesizer`] serves every request: up to its scheduler's batch of them at once, the rest
-//! in arrival order behind a FIFO gate with a bounded queue (full -> 429 with Retry-After). Each
+//! One [`Synthesizer`] serves every request through one front door ([`crate::synth::Door`]):
+//! up to its scheduler's batch of them at once, the rest in arrival order with a bounded queue
+//! counting every transport (full -> 429 with Retry-After). Each
 //! request has a deadline (504 when it passes) and is cancelled when its client goes away, so its
 //! generation leaves the batch within one code and a waiting request takes its place. On shutdown the listener closes, in-flight requests
 //! get a grace period, then are cancelled, and [`serve_on`] returns once the engine is idle.
 //!
 //! By concern: `config` (limits, knobs and the `serve` flags), `conn` (one connection: timeouts,
 //! the connection limit, its shutdown), `schema` (the request body and its validation),
-//! `admission` (Host, keys, CORS and places in the queue), `runner` (a request on the engine), `stream` (response
+//! `admission` (Host, keys, CORS), `runner` (the door's answers as HTTP answers them), `stream` (response
 //! framing: headers, raw and SSE bodies), `routes` (the router and handlers), `shutdown` (the accept
 //! loop and stopping), `errors` (every OpenAI error shape), `metrics`, `names` (OpenAI's model ids
 //! and voice names), `voices` (OpenAI's custom-voice API: consents and cloning), `wyoming` (Home
@@ -26,42 +27,33 @@ mod schema;
 mod shutdown;
 mod stream;
 mod voices;
+pub mod ws;
 pub mod wyoming;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::{Arc, Mutex};
-
-use tokio::sync::Semaphore;
+use std::sync::Arc;
 
 pub use config::{ConfigError, ServeArgs, ServerConfig};
 pub use errors::ApiError;
 pub use metrics::Metrics;
 pub use routes::router;
-pub use shutdown::{ServeError, serve, serve_on};
+pub use shutdown::{ServeError, serve, serve_listeners, serve_on};
 
-use crate::engine::CancelToken;
-use crate::synth::Synthesizer;
+use crate::synth::{Door, Synthesizer};
 
 pub(super) struct AppState {
+    /// The process's front door: admission, the queue bound, deadlines and shutdown for every
+    /// transport (Wyoming and the WebSocket route share it).
+    pub(super) door: Door,
     pub(super) synth: Arc<Synthesizer>,
     pub(super) cfg: ServerConfig,
-    pub(super) engine: String,
-    /// Requests that run at once: the scheduler's batch size (1 when the engine cannot batch).
-    pub(super) places: usize,
-    /// `places` permits. Tokio's semaphore is fair, so waiters run in arrival order.
-    pub(super) gate: Arc<Semaphore>,
-    pub(super) metrics: Metrics,
-    /// Requests admitted and not finished (waiting or running): the queue bound is on this.
-    pub(super) admitted: AtomicUsize,
-    /// Cancel tokens of admitted requests, for shutdown.
-    pub(super) inflight: Mutex<HashMap<u64, CancelToken>>,
-    pub(super) next_id: AtomicU64,
-    pub(super) shutting_down: AtomicBool,
+    pub(super) metrics: Arc<Metrics>,
     /// OpenAI's voice names and the operator's aliases, resolved against the installed voices.
     pub(super) aliases: names::VoiceAliases,
     /// The voice store and encoder behind the custom-voice routes.
     pub(super) cloning: voices::Cloning,
+    /// Turns true when the server starts shutting down (WebSocket sessions end then: an
+    /// upgraded connection is no longer the HTTP connection's).
+    pub(super) stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl AppState {
@@ -81,15 +73,7 @@ impl AppState {
             .to_owned()
     }
 
-    pub(super) fn cancel_all(&self) -> usize {
-        let tokens: Vec<CancelToken> = self
-            .inflight
-            .lock()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default();
-        for t in &tokens {
-            t.cancel();
-        }
-        tokens.len()
+    pub(super) fn shutting_down(&self) -> bool {
+        self.door.is_closed()
     }
 }

@@ -1,10 +1,7 @@
 //! The router: every route's handler, and the speech handler that ties schema, admission, the
 //! runner and the response framing together.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::body::Body;
@@ -13,20 +10,18 @@ use axum::http::{StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 
-use super::admission::{Admission, CancelOnDrop, check_host, check_key, cors};
+use super::admission::{check_host, check_key, cors};
 use super::errors::ApiError;
 use super::metrics::Metrics;
 use super::names::VoiceAliases;
-use super::runner::{CHUNKS_IN_FLIGHT, Chunk, run_job};
+use super::runner::{TooLarge, Watched, code_cap, ended, refused};
 use super::schema::{StreamFormat, check_content_type, parse_body, read_body};
 use super::stream::{add_report_headers, response_stream};
 use super::voices::{self, Cloning};
 use super::{AppState, ServerConfig};
-use crate::engine::CancelToken;
-use crate::synth::Synthesizer;
+use crate::synth::{Door, Event, Submit, SynthesisReport, Synthesizer};
 
 /// Builds the router; `serve` runs it.
 pub fn router(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Router {
@@ -35,14 +30,34 @@ pub fn router(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Router {
 
 pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<AppState>) {
     let cloning = Cloning::open_or_explain(&cfg);
-    build_with(synth, cfg, cloning)
+    let (door, metrics) = front_door(synth, &cfg);
+    build_with(door, metrics, cfg, cloning)
+}
+
+/// The front door every transport of one server shares, and the metrics that see each of its
+/// reports.
+pub(super) fn front_door(synth: Arc<Synthesizer>, cfg: &ServerConfig) -> (Door, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::default());
+    let m = metrics.clone();
+    let observer: crate::synth::door::Observer = Arc::new(move |r: &SynthesisReport| {
+        m.generated(
+            r.codes.len(),
+            r.audio_seconds(),
+            &r.timings,
+            r.stop,
+            r.npu_commands,
+        );
+    });
+    (Door::observed(synth, cfg.limits(), Some(observer)), metrics)
 }
 
 pub(super) fn build_with(
-    synth: Arc<Synthesizer>,
+    door: Door,
+    metrics: Arc<Metrics>,
     cfg: ServerConfig,
     cloning: Cloning,
 ) -> (Router, Arc<AppState>) {
+    let synth = door.synth().clone();
     // `serve` refuses bad aliases before it binds; a router built directly keeps the defaults.
     let installed = synth.voices();
     let aliases = VoiceAliases::new(&installed, &cfg.voice_aliases).unwrap_or_else(|e| {
@@ -52,20 +67,16 @@ pub(super) fn build_with(
     let state = Arc::new(AppState {
         aliases,
         cloning,
-        engine: synth.engine_description(),
-        places: synth.max_batch(),
-        gate: Arc::new(Semaphore::new(synth.max_batch())),
+        door,
         synth,
-        metrics: Metrics::default(),
-        admitted: AtomicUsize::new(0),
-        inflight: Mutex::new(HashMap::new()),
-        next_id: AtomicU64::new(1),
-        shutting_down: AtomicBool::new(false),
+        metrics,
         cfg,
+        stopping: tokio::sync::watch::channel(false).0,
     });
     let mut router = Router::new()
         .route("/", get(page))
         .route("/v1/audio/speech", post(speech))
+        .route("/v1/audio/speech/stream", get(super::ws::upgrade))
         .route("/v1/audio/voices", get(voices).post(voices::create_voice))
         .route(
             "/v1/audio/voices/{id}",
@@ -173,7 +184,8 @@ async fn model(
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
-    let stopping = st.shutting_down.load(Ordering::SeqCst);
+    let stopping = st.shutting_down();
+    let load = st.door.load();
     let worker = st.synth.worker().map(|w| w.state());
     // A worker that cannot be replaced yet (an NPU holder still exiting, a respawn that failed
     // the residency gate) leaves nothing to serve with: say so, so a balancer looks elsewhere.
@@ -193,14 +205,14 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         }),
         "model": st.package_name(),
         "device": st.cfg.device,
-        "engine": st.engine,
+        "engine": st.synth.engine_description(),
         "residency": st.synth.residency(),
         // The driver's count for the last finished request (null: not on the NPU, not
         // countable, or none yet).
         "last_request": { "npu_commands": st.metrics.last_npu_commands() },
         "runtime": st.synth.runtime(),
-        "queue_depth": st.metrics.queued.load(Ordering::SeqCst),
-        "running": st.metrics.running.load(Ordering::SeqCst),
+        "queue_depth": load.queued,
+        "running": load.running,
     }));
     let code = if stopping || unavailable {
         StatusCode::SERVICE_UNAVAILABLE
@@ -213,7 +225,8 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 async fn metrics_route(State(st): State<Arc<AppState>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.metrics.render(st.synth.scheduler_stats(), st.places),
+        st.metrics
+            .render(st.synth.scheduler_stats(), &st.door.load()),
     )
         .into_response()
 }
@@ -229,7 +242,7 @@ async fn speech(State(st): State<Arc<AppState>>, request: Request) -> Response {
     }
 }
 
-/// Errors before admission are rejections; after it the runner counts why a request ended.
+/// Errors before admission are rejections; after it [`ended`] counts why a request ended.
 fn before_queue<T>(st: &AppState, r: Result<T, ApiError>) -> Result<T, ApiError> {
     if let Err(e) = &r {
         st.metrics.rejected(e.code);
@@ -243,37 +256,48 @@ async fn speech_inner(
     request: Request,
 ) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
-    let token = CancelToken::new();
     let checked = async {
         check_content_type(&parts.headers)?;
         let bytes = read_body(st, &parts.headers, body).await?;
-        let (req, stream) = parse_body(st, &bytes)?;
-        if st.shutting_down.load(Ordering::SeqCst) {
-            return Err(ApiError::shutting_down());
-        }
-        let admission = Admission::try_new(st, &token)
-            .ok_or_else(|| ApiError::busy(st.cfg.retry_after_s, st.cfg.queue_depth))?;
-        Ok((req, stream, admission))
+        parse_body(st, &bytes)
     }
     .await;
-    let (req, stream, admission) = before_queue(st, checked)?;
-    let guard = CancelOnDrop(token.clone());
-    let (tx, mut rx) = mpsc::channel::<Chunk>(CHUNKS_IN_FLIGHT);
+    let (req, stream) = before_queue(st, checked)?;
     let content_type = req.output.format.content_type();
-    let deadline = arrived + st.cfg.request_timeout;
-    tokio::spawn(run_job(st.clone(), req, token, tx, admission, deadline));
+    // A whole response is held until it is complete: past the cap, stop generating and refuse.
+    let too_large = (stream == StreamFormat::None).then(|| TooLarge {
+        codes: code_cap(st, req.output.sample_rate, req.output.speed),
+        rate: req.output.sample_rate,
+        speed: req.output.speed,
+    });
+    let opts = Submit {
+        deadline: Some((arrived + st.cfg.request_timeout).into_std()),
+        codes: too_large.is_some(),
+    };
+    let (permit, events) = st.door.submit(req, opts).map_err(|r| refused(st, r))?;
+    let mut events = Watched::new(st.clone(), events);
 
     match stream {
         StreamFormat::None => {
             let mut body = Vec::new();
+            let mut stopped = None;
             loop {
-                match rx.recv().await {
+                match events.recv().await {
                     // A whole WAV, FLAC or MP3 comes as one chunk: keep it, do not copy it.
-                    Some(Chunk::Bytes(b)) if body.is_empty() => body = b,
-                    Some(Chunk::Bytes(b)) => body.extend_from_slice(&b),
-                    Some(Chunk::Done(Ok(report))) => {
+                    Some(Event::Audio(b)) if body.is_empty() => body = b,
+                    Some(Event::Audio(b)) => body.extend_from_slice(&b),
+                    Some(Event::Code { index, .. })
+                        if too_large.is_some_and(|t| index >= t.codes) =>
+                    {
+                        stopped = too_large;
+                        permit.stop();
+                    }
+                    Some(Event::Done(result)) => {
+                        let report = ended(st, result, stopped).map_err(|e| {
+                            e.unwrap_or_else(|| ApiError::unavailable("the client has gone"))
+                        })?;
                         st.metrics.request(200);
-                        drop(guard);
+                        drop(permit);
                         let mut r = Response::new(Body::from(body));
                         r.headers_mut().insert(
                             header::CONTENT_TYPE,
@@ -282,7 +306,7 @@ async fn speech_inner(
                         add_report_headers(r.headers_mut(), &report);
                         return Ok(r);
                     }
-                    Some(Chunk::Done(Err(e))) => return Err(e),
+                    Some(_) => {}
                     None => {
                         return Err(ApiError::unavailable(
                             "the synthesis job ended without a result",
@@ -294,7 +318,7 @@ async fn speech_inner(
         StreamFormat::Audio | StreamFormat::Sse => {
             let sse = stream == StreamFormat::Sse;
             st.metrics.request(200);
-            let body_stream = response_stream(rx, guard, sse);
+            let body_stream = response_stream(st.clone(), events, permit, sse);
             let mut r = Response::new(Body::from_stream(body_stream));
             let ct = if sse {
                 "text/event-stream"

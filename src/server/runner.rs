@@ -1,30 +1,11 @@
-//! One admitted request on the engine: wait for the gate (or the client leaving, or the
-//! deadline), run the synthesis on a blocking thread, and hand its bytes and its end to the
-//! response as [`Chunk`]s.
+//! What HTTP makes of the front door's answers: a refusal becomes its OpenAI error, and every
+//! way an admitted request ends without its audio is counted by reason and answered.
 
-use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-
-use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 use super::AppState;
-use super::admission::Admission;
 use super::errors::ApiError;
-use crate::engine::{CancelToken, StopReason};
-use crate::synth::{SpeechRequest, SynthEvent, SynthesisReport};
-
-pub(super) enum Chunk {
-    Bytes(Vec<u8>),
-    // Boxed: a report is far larger than a chunk of bytes, and there is one per request.
-    Done(Result<Box<SynthesisReport>, ApiError>),
-}
-
-/// Chunks that may wait between the synthesis and the response body. The synthesis blocks when
-/// they are all waiting, so a client that reads slowly slows its generation instead of growing
-/// the server's memory; one that stops reading is cut off by the write timeout.
-pub(super) const CHUNKS_IN_FLIGHT: usize = 4;
+use crate::synth::{Cause, Ended, Event, Events, Refusal, SynthesisReport};
 
 /// Bytes of 16-bit mono audio per speech code at `rate` and `speed` (a code is 20 ms at the
 /// codec's rate); what a whole response's size is counted in against `max_response_bytes`.
@@ -34,172 +15,107 @@ fn bytes_per_code(rate: u32, speed: f32) -> f64 {
         / f64::from(speed)
 }
 
-/// How often a synthesis waiting for a slow reader looks at its cancel token.
-const FULL_POLL: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// Hands a chunk to the response, waiting while the reader is behind; false when the response
-/// is gone or the request was cancelled meanwhile. A plain blocking send would not see the
-/// deadline or shutdown: a client that reads a byte now and then would hold the engine for as
-/// long as it liked.
-fn send_or_cancel(tx: &mpsc::Sender<Chunk>, mut chunk: Chunk, token: &CancelToken) -> bool {
-    loop {
-        match tx.try_send(chunk) {
-            Ok(()) => return true,
-            Err(mpsc::error::TrySendError::Closed(_)) => return false,
-            Err(mpsc::error::TrySendError::Full(c)) => {
-                if token.is_cancelled() {
-                    return false;
-                }
-                chunk = c;
-                std::thread::sleep(FULL_POLL);
-            }
-        }
-    }
+/// The codes a whole response may hold at most under `max_response_bytes`.
+pub(super) fn code_cap(st: &AppState, rate: u32, speed: f32) -> usize {
+    (st.cfg.max_response_bytes as f64 / bytes_per_code(rate, speed)).floor() as usize
 }
 
-/// Ends a request that never reached the engine: it leaves the gauges (drops its admission),
-/// then `reason` is counted, then its client hears `answer` (none when it has gone). In this
-/// order, so that whoever sees the reason or the answer sees the place free.
-async fn end_queued(
+/// A request the door did not admit, counted as a rejection.
+pub(super) fn refused(st: &AppState, r: Refusal) -> ApiError {
+    let e = match r {
+        Refusal::Busy { queue_depth } => ApiError::busy(st.cfg.retry_after_s, queue_depth),
+        Refusal::Closed => ApiError::shutting_down(),
+        Refusal::Invalid(e) => ApiError::from(e),
+    };
+    st.metrics.rejected(e.code);
+    e
+}
+
+/// Why a whole response stopped on its own side (it stops the request with [`Cause::Stopped`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TooLarge {
+    pub(super) codes: usize,
+    pub(super) rate: u32,
+    pub(super) speed: f32,
+}
+
+/// The end of an admitted request as HTTP answers it: its report, or the error to send (`None`:
+/// the client has gone, nobody reads an answer). Each way of ending without the audio is counted
+/// once, by reason.
+pub(super) fn ended(
     st: &AppState,
-    tx: &mpsc::Sender<Chunk>,
-    admission: Admission,
-    reason: &str,
-    answer: Option<ApiError>,
-) {
-    drop(admission);
+    result: Result<Box<SynthesisReport>, Ended>,
+    too_large: Option<TooLarge>,
+) -> Result<Box<SynthesisReport>, Option<ApiError>> {
+    let timeout = st.cfg.request_timeout;
+    let (reason, answer) = match result {
+        Ok(report) => return Ok(report),
+        Err(Ended::Failed(e)) => {
+            tracing::warn!("request failed: {e}");
+            ("engine_failed", Some(ApiError::from(e)))
+        }
+        Err(Ended::Cancelled { cause, running, .. }) => match (cause, too_large) {
+            (Cause::Deadline, _) if running => {
+                ("timeout_running", Some(ApiError::timed_out(timeout)))
+            }
+            (Cause::Deadline, _) => ("timeout_queued", Some(ApiError::timed_out(timeout))),
+            (Cause::Shutdown, _) => ("shutdown", Some(ApiError::shutting_down())),
+            (Cause::Stopped, Some(t)) => {
+                let seconds = t.codes as f64 * crate::package::CODEC_HOP as f64
+                    / f64::from(crate::package::CODEC_SAMPLE_RATE)
+                    / f64::from(t.speed);
+                let e = ApiError::response_too_large(st.cfg.max_response_bytes, seconds, t.rate);
+                ("response_too_large", Some(e))
+            }
+            // The client went away (or stopped reading past the write timeout).
+            (_, _) if running => ("client_gone_running", None),
+            (_, _) => ("client_gone_queued", None),
+        },
+    };
     st.metrics.dropped(reason);
-    if let Some(e) = answer {
-        let _ = tx.send(Chunk::Done(Err(e))).await;
+    Err(answer)
+}
+
+/// A request's events as HTTP reads them. Dropped before its end (the client went away and the
+/// handler or body with it), it reads the rest on a task of its own, so the way the request
+/// ended is still counted, once its place is free.
+pub(super) struct Watched {
+    st: Arc<AppState>,
+    events: Option<Events>,
+}
+
+impl Watched {
+    pub(super) fn new(st: Arc<AppState>, events: Events) -> Self {
+        Self {
+            st,
+            events: Some(events),
+        }
+    }
+
+    pub(super) async fn recv(&mut self) -> Option<Event> {
+        let events = self.events.as_mut()?;
+        let event = events.recv().await;
+        if matches!(event, Some(Event::Done(_)) | None) {
+            self.events = None;
+        }
+        event
     }
 }
 
-/// Waits for the engine, then runs the synthesis on a blocking thread, sending chunks. Ends early
-/// when the client goes away while waiting, and cancels the generation at the deadline. Every
-/// way an admitted request ends without its audio is counted by reason.
-pub(super) async fn run_job(
-    st: Arc<AppState>,
-    req: SpeechRequest,
-    token: CancelToken,
-    tx: mpsc::Sender<Chunk>,
-    mut admission: Admission,
-    deadline: Instant,
-) {
-    let timeout = st.cfg.request_timeout;
-    let permit = tokio::select! {
-        p = st.gate.clone().acquire_owned() => p,
-        _ = tx.closed() => {
-            return end_queued(&st, &tx, admission, "client_gone_queued", None).await;
-        }
-        _ = tokio::time::sleep_until(deadline) => {
-            let answer = ApiError::timed_out(timeout);
-            return end_queued(&st, &tx, admission, "timeout_queued", Some(answer)).await;
-        }
-    };
-    // Closed, or cancelled while waiting: by shutdown (a gone client closes the channel instead).
-    let permit = match permit {
-        Ok(permit) if !token.is_cancelled() => permit,
-        _ => {
-            let answer = ApiError::shutting_down();
-            return end_queued(&st, &tx, admission, "shutdown", Some(answer)).await;
-        }
-    };
-    admission.start();
-    let st2 = st.clone();
-    let tx2 = tx.clone();
-    let token2 = token.clone();
-    // A whole response is held until it is complete: past the cap, stop generating and refuse.
-    let cap = (!req.output.streaming).then(|| {
-        let per_code = bytes_per_code(req.output.sample_rate, req.output.speed);
-        (st.cfg.max_response_bytes as f64 / per_code).floor() as usize
-    });
-    let (out_rate, speed) = (req.output.sample_rate, req.output.speed);
-    let mut job = tokio::task::spawn_blocking(move || {
-        let mut too_large = false;
-        let result = st2.synth.synthesize(&req, &token2, &mut |ev| match ev {
-            SynthEvent::Audio(bytes) if !bytes.is_empty() => {
-                if send_or_cancel(&tx2, Chunk::Bytes(bytes.to_vec()), &token2) {
-                    ControlFlow::Continue(())
-                } else {
-                    ControlFlow::Break(())
+impl Drop for Watched {
+    fn drop(&mut self) {
+        let Some(mut events) = self.events.take() else {
+            return;
+        };
+        let st = self.st.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                while let Some(event) = events.recv().await {
+                    if let Event::Done(result) = event {
+                        let _ = ended(&st, result, None);
+                    }
                 }
-            }
-            SynthEvent::Code { index, .. } if cap.is_some_and(|cap| index >= cap) => {
-                too_large = true;
-                ControlFlow::Break(())
-            }
-            _ => {
-                if tx2.is_closed() {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
-            }
-        });
-        (result, too_large)
-    });
-    let mut deadline_passed = false;
-    let result = tokio::select! {
-        r = &mut job => r,
-        _ = tokio::time::sleep_until(deadline) => {
-            deadline_passed = true;
-            token.cancel();
-            job.await
+            });
         }
-    };
-    drop(permit);
-    // The order of end_queued, with the generation counted first, while the request still
-    // runs: whoever sees it gone sees its generation counted too.
-    if let Ok((Ok(report), _)) = &result {
-        st.metrics.generated(
-            report.codes.len(),
-            report.audio_seconds(),
-            &report.timings,
-            report.stop,
-            report.npu_commands,
-        );
     }
-    drop(admission);
-    let done = match result {
-        Ok((Ok(report), too_large)) => {
-            let cancelled = report.stop == StopReason::Cancelled;
-            if deadline_passed && cancelled {
-                st.metrics.dropped("timeout_running");
-                Err(ApiError::timed_out(timeout))
-            } else if cancelled && too_large {
-                st.metrics.dropped("response_too_large");
-                let codes = cap.unwrap_or_default() as f64;
-                let seconds = codes * crate::package::CODEC_HOP as f64
-                    / f64::from(crate::package::CODEC_SAMPLE_RATE)
-                    / f64::from(speed);
-                Err(ApiError::response_too_large(
-                    st.cfg.max_response_bytes,
-                    seconds,
-                    out_rate,
-                ))
-            } else if cancelled && st.shutting_down.load(Ordering::SeqCst) {
-                st.metrics.dropped("shutdown");
-                Err(ApiError::shutting_down())
-            } else if cancelled {
-                // The client went away (or stopped reading past the write timeout): nobody
-                // reads this.
-                st.metrics.dropped("client_gone_running");
-                Err(ApiError::cancelled())
-            } else {
-                Ok(report)
-            }
-        }
-        Ok((Err(e), _)) => {
-            tracing::warn!("request failed: {e}");
-            st.metrics.dropped("engine_failed");
-            Err(ApiError::from(e))
-        }
-        Err(e) => {
-            st.metrics.dropped("engine_failed");
-            Err(ApiError::unavailable(format!(
-                "the synthesis job failed: {e}"
-            )))
-        }
-    };
-    let _ = tx.send(Chunk::Done(done.map(Box::new))).await;
 }

@@ -171,10 +171,6 @@ pub(super) fn parse_body(
     if body.input.trim().is_empty() {
         return Err(ApiError::empty_input());
     }
-    let chars = body.input.chars().count();
-    if chars > st.cfg.max_input_chars {
-        return Err(ApiError::input_too_long(chars, st.cfg.max_input_chars));
-    }
     if let Some(model) = &body.model {
         let known = st.model_ids();
         if !known.iter().any(|m| m == model) {

@@ -2,7 +2,6 @@
 //! what is left, and waiting for the engine to be idle.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
@@ -11,9 +10,9 @@ use tokio::task::JoinSet;
 use super::ServerConfig;
 use super::config::ConfigError;
 use super::conn::{refuse_connection, serve_connection};
-use super::routes::build_with;
+use super::routes::{build_with, front_door};
 use super::voices::Cloning;
-use crate::synth::Synthesizer;
+use crate::synth::{Door, Synthesizer};
 
 /// How long cancelled requests get to wind down after the shutdown grace before [`serve_on`]
 /// stops waiting for their connections.
@@ -37,32 +36,18 @@ pub async fn serve(synth: Arc<Synthesizer>, cfg: ServerConfig) -> Result<(), Ser
         let _ = stop.send(true);
     });
     let wyoming = match cfg.wyoming {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr).await?;
-            Some(tokio::spawn(super::wyoming::serve(
-                listener,
-                synth.clone(),
-                aliases,
-                cfg.max_input_chars,
-                stopping.clone(),
-            )))
-        }
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
         None => None,
+    };
+    let http = match cfg.http {
+        true => Some(tokio::net::TcpListener::bind(cfg.addr).await?),
+        false => None,
     };
     let mut s = stopping.clone();
     let stopped = async move {
         let _ = s.wait_for(|stop| *stop).await;
     };
-    if cfg.http {
-        let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
-        serve_with(listener, synth, cfg, cloning, stopped).await?;
-    } else {
-        stopped.await;
-        drop(synth);
-    }
-    if let Some(w) = wyoming {
-        let _ = w.await;
-    }
+    serve_all(http, wyoming, synth, cfg, cloning, aliases, stopped).await?;
     Ok(())
 }
 
@@ -90,13 +75,84 @@ pub async fn serve_on(
     cfg: ServerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_listeners(Some(listener), None, synth, cfg, shutdown).await
+}
+
+/// [`serve_on`] with HTTP and Wyoming on bound listeners (either may be absent), both through
+/// one front door: one queue bound, one line, one shutdown.
+pub async fn serve_listeners(
+    http: Option<tokio::net::TcpListener>,
+    wyoming: Option<tokio::net::TcpListener>,
+    synth: Arc<Synthesizer>,
+    cfg: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let cloning = Cloning::open_or_explain(&cfg);
-    serve_with(listener, synth, cfg, cloning, shutdown).await
+    let installed = synth.voices();
+    let aliases =
+        super::names::VoiceAliases::new(&installed, &cfg.voice_aliases).unwrap_or_else(|e| {
+            tracing::error!("{e}; serving OpenAI's voice names with the default mapping only");
+            super::names::VoiceAliases::new(&installed, &Default::default()).unwrap_or_default()
+        });
+    serve_all(http, wyoming, synth, cfg, cloning, aliases, shutdown).await
+}
+
+async fn serve_all(
+    http: Option<tokio::net::TcpListener>,
+    wyoming: Option<tokio::net::TcpListener>,
+    synth: Arc<Synthesizer>,
+    cfg: ServerConfig,
+    cloning: Cloning,
+    aliases: super::names::VoiceAliases,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (door, metrics) = front_door(synth, &cfg);
+    // Both transports see the shutdown at once.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let mut rx = stop_rx.clone();
+    let shutdown = async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let wyoming = wyoming.map(|listener| {
+        tokio::spawn(super::wyoming::serve(
+            listener,
+            door.clone(),
+            aliases,
+            stop_rx.clone(),
+        ))
+    });
+    let served = match http {
+        Some(listener) => serve_with(listener, door.clone(), metrics, cfg, cloning, shutdown).await,
+        None => {
+            shutdown.await;
+            Ok(())
+        }
+    };
+    if let Some(w) = wyoming {
+        let _ = w.await;
+    }
+    // Whatever still runs (a Wyoming request the HTTP side never saw) is cancelled; the engine
+    // goes idle before the synthesizer is dropped.
+    door.close();
+    door.cancel_all();
+    let idle = door.clone();
+    if !matches!(
+        tokio::task::spawn_blocking(move || idle.wait_idle(SHUTDOWN_DRAIN)).await,
+        Ok(true)
+    ) {
+        tracing::warn!("the engine did not stop in time");
+    }
+    served
 }
 
 async fn serve_with(
     listener: tokio::net::TcpListener,
-    synth: Arc<Synthesizer>,
+    door: Door,
+    metrics: Arc<super::Metrics>,
     mut cfg: ServerConfig,
     cloning: Cloning,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -104,7 +160,7 @@ async fn serve_with(
     let grace = cfg.shutdown_grace;
     // The Host check compares with the address actually bound (port 0 and all).
     cfg.addr = listener.local_addr()?;
-    let (app, state) = build_with(synth, cfg, cloning);
+    let (app, state) = build_with(door, metrics, cfg, cloning);
     tracing::info!(addr = %state.cfg.addr, "listening");
     if !state.cfg.api_keys.is_empty() {
         tracing::info!(
@@ -139,7 +195,8 @@ async fn serve_with(
         }
     }
     drop(listener);
-    state.shutting_down.store(true, Ordering::SeqCst);
+    state.door.close();
+    state.stopping.send_replace(true);
     tracing::info!(
         grace_s = grace.as_secs_f64(),
         "shutting down: no new connections; idle ones close now; in-flight requests get the grace period"
@@ -152,7 +209,7 @@ async fn serve_with(
         _ = tokio::time::sleep(grace) => false,
     };
     if !closed_in_grace {
-        let n = state.cancel_all();
+        let n = state.door.cancel_all();
         if n > 0 {
             tracing::warn!(n, "grace over: cancelling in-flight requests");
         }
@@ -164,15 +221,16 @@ async fn serve_with(
         }
     }
     // Nothing may start any more; what still runs (a request whose client left) is cancelled and
-    // stops within one code. Holding every place of the gate means the engine is idle.
-    state.cancel_all();
-    let places = u32::try_from(state.places).unwrap_or(u32::MAX);
-    match tokio::time::timeout(SHUTDOWN_DRAIN, state.gate.acquire_many(places)).await {
-        Ok(Ok(permit)) => drop(permit),
-        _ => tracing::warn!("the engine did not stop in time"),
+    // stops within one code. No request admitted means the engine is idle.
+    state.door.cancel_all();
+    let door = state.door.clone();
+    if !matches!(
+        tokio::task::spawn_blocking(move || door.wait_idle(SHUTDOWN_DRAIN)).await,
+        Ok(true)
+    ) {
+        tracing::warn!("the engine did not stop in time");
     }
     drop(all_closed);
-    state.gate.close();
     // The engine sessions go before the runtime: the last Arc of the synthesizer drops when the
     // caller drops its own, on a normal thread, and main returns after.
     drop(app);

@@ -6,11 +6,11 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, header};
 use base64::Engine as _;
-use tokio::sync::mpsc;
+use std::sync::Arc;
 
-use super::admission::CancelOnDrop;
-use super::runner::Chunk;
-use crate::synth::SynthesisReport;
+use super::AppState;
+use super::runner::{Watched, ended};
+use crate::synth::{Event, Permit, SynthesisReport};
 
 pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -50,54 +50,55 @@ pub(super) fn add_report_headers(h: &mut HeaderMap, report: &SynthesisReport) {
     }
 }
 
-/// The streamed body: raw bytes, or SSE events. Errors after the start end the stream: raw audio
-/// aborts the transfer (so a client never takes a cut file for a whole one), SSE sends an error event.
+/// The streamed body: raw bytes, or SSE events, read from the request's events as the client
+/// reads. Errors after the start end the stream: raw audio aborts the transfer (so a client never
+/// takes a cut file for a whole one), SSE sends an error event. Dropping the body (the client
+/// went away) drops the permit, which cancels the request.
 pub(super) fn response_stream(
-    rx: mpsc::Receiver<Chunk>,
-    guard: CancelOnDrop,
+    st: Arc<AppState>,
+    events: Watched,
+    permit: Permit,
     sse: bool,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
-    futures_util::stream::unfold((Some(rx), Some(guard)), move |(rx, guard)| async move {
-        let mut rx = rx?;
-        match rx.recv().await {
-            Some(Chunk::Bytes(b)) => {
-                let out = if sse {
-                    let b64 = base64::engine::general_purpose::STANDARD.encode(&b);
-                    Bytes::from(format!(
-                        "data: {}\n\n",
-                        serde_json::json!({"type": "speech.audio.delta", "audio": b64})
-                    ))
-                } else {
-                    Bytes::from(b)
+    futures_util::stream::unfold(Some((events, permit)), move |open| {
+        let st = st.clone();
+        async move {
+            let (mut events, permit) = open?;
+            loop {
+                let item = match events.recv().await {
+                    Some(Event::Audio(b)) => Ok(if sse {
+                        let b64 = base64::engine::general_purpose::STANDARD.encode(&b);
+                        Bytes::from(format!(
+                            "data: {}\n\n",
+                            serde_json::json!({"type": "speech.audio.delta", "audio": b64})
+                        ))
+                    } else {
+                        Bytes::from(b)
+                    }),
+                    Some(Event::Done(result)) => {
+                        return match ended(&st, result, None) {
+                            Ok(report) if sse => {
+                                let done = serde_json::json!({"type": "speech.audio.done", "usage": {
+                                    "input_tokens": report.prompt_tokens, "output_tokens": report.codes.len(),
+                                    "total_tokens": report.prompt_tokens + report.codes.len()}});
+                                Some((Ok(Bytes::from(format!("data: {done}\n\n"))), None))
+                            }
+                            Ok(_) | Err(None) => None,
+                            Err(Some(e)) if sse => {
+                                let ev = serde_json::json!({"type": "error", "error": e.body()["error"]});
+                                Some((Ok(Bytes::from(format!("data: {ev}\n\n"))), None))
+                            }
+                            Err(Some(e)) => Some((Err(std::io::Error::other(e.message)), None)),
+                        };
+                    }
+                    Some(_) => continue,
+                    None => Err(std::io::Error::other(
+                        "the synthesis job ended without a result",
+                    )),
                 };
-                Some((Ok(out), (Some(rx), guard)))
+                let go_on = item.is_ok();
+                return Some((item, go_on.then_some((events, permit))));
             }
-            Some(Chunk::Done(Ok(report))) => {
-                drop(guard);
-                if sse {
-                    let done = serde_json::json!({"type": "speech.audio.done", "usage": {
-                        "input_tokens": report.prompt_tokens, "output_tokens": report.codes.len(),
-                        "total_tokens": report.prompt_tokens + report.codes.len()}});
-                    Some((Ok(Bytes::from(format!("data: {done}\n\n"))), (None, None)))
-                } else {
-                    None
-                }
-            }
-            Some(Chunk::Done(Err(e))) => {
-                drop(guard);
-                if sse {
-                    let ev = serde_json::json!({"type": "error", "error": e.body()["error"]});
-                    Some((Ok(Bytes::from(format!("data: {ev}\n\n"))), (None, None)))
-                } else {
-                    Some((Err(std::io::Error::other(e.message)), (None, None)))
-                }
-            }
-            None => Some((
-                Err(std::io::Error::other(
-                    "the synthesis job ended without a result",
-                )),
-                (None, None),
-            )),
         }
     })
 }

@@ -540,15 +540,13 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
             source: String::new(),
         };
         check_new_name(&st, &name)?;
-        let chars = spec.transcript.chars().count();
-        if chars > st.cfg.max_input_chars {
+        if let Err(crate::synth::SynthError::InputTooLong { got, limit }) =
+            st.door.limits().check_text(&spec.transcript)
+        {
             return Err(ApiError::bad_field(
                 "transcript",
                 "transcript_too_long",
-                format!(
-                    "transcript has {chars} characters; the limit is {} (max_input_chars)",
-                    st.cfg.max_input_chars
-                ),
+                format!("transcript has {got} characters; the limit is {limit} (max_input_chars)"),
             ));
         }
         let consents = st.cloning.consents()?;

@@ -11,7 +11,6 @@
 //! connections share the scheduler's batch like HTTP requests do.
 
 use std::net::SocketAddr;
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
@@ -19,15 +18,17 @@ use tokio::io::{
     AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
 };
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::errors::ApiError;
 use super::names::VoiceAliases;
 use crate::audio::{AudioFormat, OutputSpec};
-use crate::engine::CancelToken;
 use crate::package::CODEC_SAMPLE_RATE;
-use crate::synth::{SpeechRequest, SynthEvent, Synthesizer};
+use crate::synth::{
+    Cause, Door, Ended, Event as DoorEvent, Refusal, SpeechRequest, Submit, Synthesizer,
+};
+use crate::text::SentenceStream;
 
 /// The `wyoming` package version whose framing and events this follows (sent as `version`).
 pub const WYOMING_VERSION: &str = "1.10.2";
@@ -166,27 +167,24 @@ async fn stopped(rx: &mut watch::Receiver<bool>) {
 
 /// What every connection shares.
 struct Shared {
+    /// The process's front door: Wyoming's requests count in the same queue bound as HTTP's.
+    door: Door,
     synth: Arc<Synthesizer>,
     aliases: VoiceAliases,
-    /// Syntheses at once (the scheduler's places): more wait here, in arrival order.
-    places: Semaphore,
-    max_input_chars: usize,
 }
 
-/// Serves Wyoming on `listener` until `shutdown` turns true: then stops accepting, cancels the
-/// syntheses in flight and returns when every connection has ended.
+/// Serves Wyoming on `listener` through `door` until `shutdown` turns true: then stops
+/// accepting, cancels the syntheses in flight and returns when every connection has ended.
 pub async fn serve(
     listener: TcpListener,
-    synth: Arc<Synthesizer>,
+    door: Door,
     aliases: VoiceAliases,
-    max_input_chars: usize,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let shared = Arc::new(Shared {
-        places: Semaphore::new(synth.max_batch()),
-        synth,
+        synth: door.synth().clone(),
+        door,
         aliases,
-        max_input_chars,
     });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "Wyoming listening");
@@ -216,7 +214,7 @@ pub async fn serve(
 /// A text stream (`synthesize-start` .. `synthesize-stop`): its voice and the text not yet spoken.
 struct Streaming {
     voice: String,
-    pending: String,
+    text: SentenceStream,
 }
 
 async fn connection(
@@ -295,7 +293,7 @@ async fn handle<W: AsyncWrite + Unpin>(
             Ok(voice) => {
                 *streaming = Some(Streaming {
                     voice,
-                    pending: String::new(),
+                    text: SentenceStream::default(),
                 });
                 Ok(())
             }
@@ -313,28 +311,12 @@ async fn handle<W: AsyncWrite + Unpin>(
             let Some(text) = text_of(event) else {
                 return send_error(w, "synthesize-chunk needs \"text\"", "missing_text").await;
             };
-            s.pending.push_str(&text);
-            if s.pending.chars().count() > shared.max_input_chars {
+            let sentences = s.text.push(&text);
+            if let Err(e) = shared.door.limits().check_text(s.text.pending()) {
                 *streaming = None;
-                return send_error(
-                    w,
-                    &format!(
-                        "the streamed text is over {} characters",
-                        shared.max_input_chars
-                    ),
-                    "input_too_long",
-                )
-                .await;
+                let e = ApiError::from(e);
+                return send_error(w, &e.message, e.code).await;
             }
-            // Every sentence but the last is complete: the splitter only ends one when the
-            // next has begun.
-            let mut sentences = crate::text::split_sentences(&s.pending);
-            if sentences.len() < 2 {
-                return Ok(());
-            }
-            let rest = sentences.pop().unwrap_or_default();
-            let start = s.pending.rfind(rest.as_str()).unwrap_or(0);
-            s.pending.drain(..start);
             let voice = s.voice.clone();
             for sentence in sentences {
                 speak(shared, w, sentence, voice.clone(), shutdown).await?;
@@ -346,8 +328,9 @@ async fn handle<W: AsyncWrite + Unpin>(
                 return send_error(w, "synthesize-stop without synthesize-start", "no_stream")
                     .await;
             };
-            if !s.pending.trim().is_empty() {
-                speak(shared, w, s.pending, s.voice, shutdown).await?;
+            let mut s = s;
+            if let Some(rest) = s.text.finish() {
+                speak(shared, w, rest, s.voice, shutdown).await?;
             }
             write_event(w, "synthesize-stopped", Value::Null, &[]).await
         }
@@ -430,7 +413,8 @@ fn pick_voice(shared: &Shared, voice: Option<&Value>) -> Result<String, ApiError
 }
 
 /// Speaks `text`: `audio-start`, the PCM as it is made, `audio-stop`; an `error` event instead
-/// when the synthesis is refused or fails. `Err` only when the connection is gone.
+/// when the front door refuses it (busy, over a limit, shutting down) or it fails. `Err` only when
+/// the connection is gone.
 async fn speak<W: AsyncWrite + Unpin>(
     shared: &Shared,
     w: &mut W,
@@ -438,13 +422,6 @@ async fn speak<W: AsyncWrite + Unpin>(
     voice: String,
     shutdown: &mut watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    if text.chars().count() > shared.max_input_chars {
-        let msg = format!("the text is over {} characters", shared.max_input_chars);
-        return send_error(w, &msg, "input_too_long").await;
-    }
-    let Ok(_place) = shared.places.acquire().await else {
-        return send_error(w, "the server is stopping", "shutting_down").await;
-    };
     let rate = CODEC_SAMPLE_RATE;
     let req = SpeechRequest {
         text,
@@ -457,23 +434,23 @@ async fn speak<W: AsyncWrite + Unpin>(
         },
         ..SpeechRequest::default()
     };
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(4);
-    let cancel = CancelToken::new();
-    let (synth, token) = (shared.synth.clone(), cancel.clone());
-    let job = tokio::task::spawn_blocking(move || {
-        synth.synthesize(&req, &token, &mut |ev| match ev {
-            SynthEvent::Audio(b) if !b.is_empty() => {
-                if tx.blocking_send(b.to_vec()).is_ok() {
-                    ControlFlow::Continue(())
-                } else {
-                    ControlFlow::Break(())
-                }
-            }
-            _ => ControlFlow::Continue(()),
-        })
-    });
-    // Cancels the synthesis if this future is dropped or the connection fails.
-    let _guard = super::admission::CancelOnDrop(cancel.clone());
+    // Dropping the permit (this future dropped, the connection failed) cancels the synthesis.
+    let (permit, mut events) = match shared.door.submit(req, Submit::default()) {
+        Ok(p) => p,
+        Err(Refusal::Busy { queue_depth }) => {
+            let msg = format!(
+                "the server is busy: every place is taken and {queue_depth} requests already wait; try again shortly"
+            );
+            return send_error(w, &msg, "busy").await;
+        }
+        Err(Refusal::Closed) => {
+            return send_error(w, "the server is stopping", "shutting_down").await;
+        }
+        Err(Refusal::Invalid(e)) => {
+            let e = ApiError::from(e);
+            return send_error(w, &e.message, e.code).await;
+        }
+    };
     let format = |extra: Value| {
         let mut d = json!({"rate": rate, "width": 2, "channels": 1});
         if let (Value::Object(d), Value::Object(e)) = (&mut d, extra) {
@@ -483,54 +460,66 @@ async fn speak<W: AsyncWrite + Unpin>(
     };
     let mut started = false;
     let mut samples: u64 = 0;
-    loop {
-        let bytes = tokio::select! {
-            _ = stopped(shutdown) => {
-                cancel.cancel();
-                None
+    let mut stopping = false;
+    let result = loop {
+        let event = tokio::select! {
+            _ = stopped(shutdown), if !stopping => {
+                permit.cancel(Cause::Shutdown);
+                stopping = true;
+                continue;
             }
-            b = rx.recv() => b,
+            e = events.recv() => e,
         };
-        let Some(bytes) = bytes else { break };
-        if !started {
-            write_event(w, "audio-start", format(json!({"timestamp": 0})), &[]).await?;
-            started = true;
+        match event {
+            Some(DoorEvent::Audio(bytes)) => {
+                if !started {
+                    write_event(w, "audio-start", format(json!({"timestamp": 0})), &[]).await?;
+                    started = true;
+                }
+                let timestamp = samples * 1000 / u64::from(rate);
+                samples += bytes.len() as u64 / 2;
+                write_event(
+                    w,
+                    "audio-chunk",
+                    format(json!({"timestamp": timestamp})),
+                    &bytes,
+                )
+                .await?;
+            }
+            Some(DoorEvent::Done(result)) => break Some(result),
+            Some(_) => {}
+            None => break None,
         }
-        let timestamp = samples * 1000 / u64::from(rate);
-        samples += bytes.len() as u64 / 2;
-        write_event(
-            w,
-            "audio-chunk",
-            format(json!({"timestamp": timestamp})),
-            &bytes,
-        )
-        .await?;
-    }
-    let result = job.await;
+    };
     match result {
-        Ok(Ok(report)) if report.stop != crate::engine::StopReason::Cancelled => {
+        Some(Ok(_)) => {
             if !started {
                 write_event(w, "audio-start", format(json!({"timestamp": 0})), &[]).await?;
             }
             let end = samples * 1000 / u64::from(rate);
             write_event(w, "audio-stop", json!({"timestamp": end}), &[]).await
         }
-        Ok(Ok(_)) => {
+        Some(Err(Ended::Cancelled { cause, .. })) => {
+            let why = match cause {
+                Cause::Shutdown => "the server is stopping",
+                Cause::Deadline => "its deadline passed",
+                Cause::Gone | Cause::Stopped => "it was stopped",
+            };
             send_error(
                 w,
-                "the synthesis was cancelled (the server is stopping)",
+                &format!("the synthesis was cancelled: {why}"),
                 "cancelled",
             )
             .await
         }
-        Ok(Err(e)) => {
+        Some(Err(Ended::Failed(e))) => {
             let e = ApiError::from(e);
             send_error(w, &e.message, e.code).await
         }
-        Err(e) => {
+        None => {
             send_error(
                 w,
-                &format!("the synthesis failed: {e}"),
+                "the synthesis ended without a result",
                 "engine_unavailable",
             )
             .await

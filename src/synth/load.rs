@@ -24,8 +24,6 @@ pub struct SynthConfig {
     /// Codec sessions that decode side by side (`--codec-sessions`); `None`: the measured
     /// default for the codec's threads ([`codec::default_sessions`]).
     pub codec_sessions: Option<usize>,
-    /// 0 means [`DEFAULT_MAX_INPUT_CHARS`].
-    pub max_input_chars: usize,
     /// A pronunciation lexicon file (`word<TAB>ipa` lines) every request is read with.
     pub lexicon: Option<PathBuf>,
     /// Which generation loop runs the backbone.

@@ -8,6 +8,7 @@
 
 mod audio;
 pub mod codes;
+pub mod door;
 pub mod load;
 pub mod plan;
 mod run;
@@ -35,8 +36,10 @@ pub use plan::{
     BUDGET_CHARS_PER_SECOND, BUDGET_FACTOR, BUDGET_FLOOR_CODES, FrontEnd, Piece, Plan, code_budget,
 };
 
-/// Longest input text accepted by default, in characters.
-pub const DEFAULT_MAX_INPUT_CHARS: usize = 20_000;
+pub use door::{
+    Cause, DEFAULT_MAX_INPUT_CHARS, DEFAULT_QUEUE_DEPTH, Door, Ended, Event, Events, Limits, Load,
+    Permit, Refusal, Submit, Ticket,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
@@ -83,6 +86,11 @@ pub enum SynthError {
         plan::MAX_TOTAL_PAUSE.as_secs()
     )]
     PausesTooLong { seconds: f64 },
+    #[error("the request was cancelled before it started ({0})")]
+    Cancelled(door::Cause),
+    /// The front door was full or closed.
+    #[error("{0}")]
+    NotAdmitted(String),
 }
 
 /// One request.
@@ -229,7 +237,11 @@ pub struct Synthesizer {
     worker: Option<WorkerHandle>,
     /// Tokens per piece: the package's budget, or the engine's when smaller (a static KV cache).
     budget: usize,
+    /// The in-process engine's description (a worker's is read live from its handle).
     description: String,
+    /// Wait before the one retry of a whole-file request that failed transiently; `None`: no
+    /// retry. On the NPU [`crate::engine::worker::NPU_RETRY_DELAY`], elsewhere none.
+    retry: Option<std::time::Duration>,
 }
 
 impl Synthesizer {
@@ -259,6 +271,7 @@ impl Synthesizer {
         });
         let scheduler = Scheduler::start(engine, candidates.clone(), scheduler)?;
         Ok(Self {
+            retry: (device == Device::Npu).then_some(crate::engine::worker::NPU_RETRY_DELAY),
             budget,
             front,
             scheduler,
@@ -382,7 +395,19 @@ impl Synthesizer {
         &self.candidates
     }
 
+    /// The engine as it is now: a worker's pid and load are read live (a respawned worker is
+    /// the one named).
     pub fn engine_description(&self) -> String {
-        self.description.clone()
+        self.worker
+            .as_ref()
+            .and_then(WorkerHandle::describe)
+            .unwrap_or_else(|| self.description.clone())
+    }
+
+    /// Retries a whole-file request once after `delay` when it fails transiently
+    /// ([`crate::engine::EngineError::is_transient`]); `None` turns retries off.
+    pub fn with_retry(mut self, delay: Option<std::time::Duration>) -> Self {
+        self.retry = delay;
+        self
     }
 }

@@ -10,7 +10,7 @@ use crate::text::markup::{self, Lexicon, Segment};
 use crate::text::{self, Language, Normalizer, Phonemizer, TextError};
 use crate::voice::{Voice, VoiceStore};
 
-use super::{DEFAULT_MAX_INPUT_CHARS, SpeechRequest, SynthConfig, SynthError};
+use super::{SpeechRequest, SynthConfig, SynthError};
 
 /// Text to prompt ids: the package's tokenizer, the voices and the phonemizer. Needs no runtime,
 /// so `onebit-tts prompt` can use it alone.
@@ -20,7 +20,6 @@ pub struct FrontEnd {
     /// Swapped whole when a voice is added or removed while serving: a request plans with the
     /// snapshot it took.
     voices: RwLock<Arc<VoiceStore>>,
-    max_input_chars: usize,
     normalizer: Normalizer,
     /// The server's (or `say`'s) pronunciations; a request's own entries win over them.
     lexicon: Arc<Lexicon>,
@@ -29,16 +28,11 @@ pub struct FrontEnd {
 }
 
 impl FrontEnd {
-    pub fn new(pkg: ModelPackage, voices: VoiceStore, max_input_chars: usize) -> Self {
+    pub fn new(pkg: ModelPackage, voices: VoiceStore) -> Self {
         Self {
             pkg,
             phonemizer: OnceLock::new(),
             voices: RwLock::new(Arc::new(voices)),
-            max_input_chars: if max_input_chars == 0 {
-                DEFAULT_MAX_INPUT_CHARS
-            } else {
-                max_input_chars
-            },
             normalizer: Normalizer::discover(),
             lexicon: Arc::default(),
             warned: Mutex::new(Vec::new()),
@@ -49,7 +43,7 @@ impl FrontEnd {
     pub fn load(cfg: &SynthConfig) -> Result<Self, crate::Error> {
         let pkg = ModelPackage::load(&cfg.package_dir, cfg.codec_dir.as_deref())?;
         let voices = VoiceStore::open(&cfg.voice_dirs)?;
-        let mut front = Self::new(pkg, voices, cfg.max_input_chars);
+        let mut front = Self::new(pkg, voices);
         if let Some(path) = &cfg.lexicon {
             let text =
                 std::fs::read_to_string(path).map_err(|source| crate::Error::LexiconRead {
@@ -360,13 +354,6 @@ impl FrontEnd {
         budget: usize,
         min_new: usize,
     ) -> Result<Plan, SynthError> {
-        let chars = req.text.chars().count();
-        if chars > self.max_input_chars {
-            return Err(SynthError::InputTooLong {
-                got: chars,
-                limit: self.max_input_chars,
-            });
-        }
         if req.text.trim().is_empty() {
             return Err(SynthError::EmptyInput);
         }

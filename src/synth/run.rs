@@ -131,10 +131,11 @@ impl Synthesizer {
                     }
                 }
             };
-            // One retry per request, after the engine's delay, for a failure the engine says a
-            // retry may cure (the NPU's one-off first-dispatch timeout, a worker that died) — and
-            // only for a whole-file request before any byte went out: a stream is never retried.
-            // The sink then sees this piece's codes again from its first index.
+            // One retry per request, after the synthesizer's delay, for a failure a retry may
+            // cure ([`EngineError::is_transient`]: the NPU's one-off first-dispatch timeout, a
+            // worker that died) — on the batched path as on the one-at-a-time one, and only for
+            // a whole-file request before any byte went out: a stream is never retried. The sink
+            // then sees this piece's codes again from its first index.
             let generation = loop {
                 let err = match self
                     .scheduler
@@ -143,15 +144,17 @@ impl Synthesizer {
                     Ok(g) => break g,
                     Err(e) => e,
                 };
-                let safe =
-                    !retried && !req.output.streaming && sent_before == 0 && !cancel.is_cancelled();
-                let Some(delay) = err.retry_after.filter(|_| safe) else {
-                    return Err(err.error.into());
+                let safe = !retried
+                    && !req.output.streaming
+                    && sent_before == 0
+                    && !cancel.is_cancelled()
+                    && err.is_transient();
+                let Some(delay) = self.retry.filter(|_| safe) else {
+                    return Err(err.into());
                 };
                 tracing::warn!(
-                    "{} request failed: {}; retrying it once in {:.1} s (not streamed, no audio sent yet)",
+                    "{} request failed: {err}; retrying it once in {:.1} s (not streamed, no audio sent yet)",
                     self.device,
-                    err.error,
                     delay.as_secs_f64()
                 );
                 std::thread::sleep(delay);

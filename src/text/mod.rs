@@ -25,7 +25,7 @@ mod tn;
 pub use language::Language;
 pub use normalize::{normalize, normalize_bpe};
 pub use phonemizer::Phonemizer;
-pub use split::{split_clauses, split_sentences};
+pub use split::{SentenceStream, split_clauses, split_sentences};
 pub use tn::{GRAMMARS, Normalized, Normalizer, TnError};
 
 use std::path::PathBuf;

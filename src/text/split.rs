@@ -146,6 +146,41 @@ pub fn split_clauses(sentence: &str) -> Vec<String> {
     out
 }
 
+/// Text that arrives in chunks (as a language model writes it), handed out a complete sentence
+/// at a time: a sentence is complete once the next one has begun, which is when
+/// [`split_sentences`] ends it. The Wyoming streaming events and the WebSocket route both read
+/// their text through this.
+#[derive(Debug, Default)]
+pub struct SentenceStream {
+    pending: String,
+}
+
+impl SentenceStream {
+    /// Adds `chunk` and returns the sentences it completed, in order.
+    pub fn push(&mut self, chunk: &str) -> Vec<String> {
+        self.pending.push_str(chunk);
+        let mut sentences = split_sentences(&self.pending);
+        if sentences.len() < 2 {
+            return Vec::new();
+        }
+        let rest = sentences.pop().unwrap_or_default();
+        let start = self.pending.rfind(rest.as_str()).unwrap_or(0);
+        self.pending.drain(..start);
+        sentences
+    }
+
+    /// The text not yet handed out.
+    pub fn pending(&self) -> &str {
+        &self.pending
+    }
+
+    /// Ends the stream: what is left, as the last sentence (`None` when it is only blanks).
+    pub fn finish(&mut self) -> Option<String> {
+        let rest = std::mem::take(&mut self.pending);
+        (!rest.trim().is_empty()).then_some(rest)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,5 +328,17 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_sentence_goes_out_once_the_next_has_begun() {
+        let mut s = SentenceStream::default();
+        assert!(s.push("Hello there").is_empty());
+        assert!(s.push(".").is_empty(), "the next sentence has not begun");
+        assert_eq!(s.push(" How"), ["Hello there."]);
+        assert_eq!(s.push(" are you? Fine"), ["How are you?"]);
+        assert_eq!(s.pending(), "Fine");
+        assert_eq!(s.finish().as_deref(), Some("Fine"));
+        assert_eq!(s.finish(), None);
     }
 }

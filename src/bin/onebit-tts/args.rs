@@ -257,7 +257,6 @@ pub fn synth_config(m: &ModelArgs) -> SynthConfig {
         },
         codec_threads: m.threads,
         codec_sessions: m.codec_sessions,
-        max_input_chars: 0,
         lexicon: m.lexicon.clone(),
         engine: m.engine,
         llama_attention: m.llama_attention,

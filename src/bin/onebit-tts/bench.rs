@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use onebit_tts::synth::Synthesizer;
+use onebit_tts::synth::{Door, Limits, Synthesizer};
 
 use crate::args::{ModelArgs, progress_bar, synth_config};
 
@@ -100,13 +100,15 @@ pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
             // The scheduler needs a place for every stream of the largest level.
             let mut cfg = cfg.clone();
             cfg.scheduler.max_batch = cfg.scheduler.max_batch.max(levels[levels.len() - 1]);
-            let synth = Synthesizer::load(&cfg)?;
+            let synth = std::sync::Arc::new(Synthesizer::load(&cfg)?);
             let voice = first_voice(&synth, &args.voice);
+            // Every stream of the largest level has a place: none waits in line.
+            let door = Door::new(synth, Limits::default());
             let sampling = onebit_tts::engine::SamplingParams {
                 temperature: args.temperature,
                 ..Default::default()
             };
-            bench::load::pipeline_load(&synth, &voice, &levels, args.runs, sampling, &mut progress)?
+            bench::load::pipeline_load(&door, &voice, &levels, args.runs, sampling, &mut progress)?
         };
         bar.finish_and_clear();
         if args.json {
@@ -136,7 +138,7 @@ pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
         }
         return Ok(());
     }
-    let synth = Synthesizer::load(&cfg)?;
+    let synth = std::sync::Arc::new(Synthesizer::load(&cfg)?);
     let voices = if args.voice.is_empty() {
         vec![first_voice(&synth, &[])]
     } else {
@@ -146,7 +148,8 @@ pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
         temperature: args.temperature,
         ..Default::default()
     };
-    let report = bench::run(&synth, &voices, args.runs, sampling, &mut progress)?;
+    let door = Door::new(synth, Limits::default());
+    let report = bench::run(&door, &voices, args.runs, sampling, &mut progress)?;
     bar.finish_and_clear();
     if let Some(p) = &args.plot {
         std::fs::write(p, bench::svg::render(&report))

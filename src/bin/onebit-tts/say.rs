@@ -9,10 +9,11 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use onebit_tts::audio::OutputSpec;
-use onebit_tts::engine::CancelToken;
 use onebit_tts::metrics;
 use onebit_tts::paths::PartialFile;
-use onebit_tts::synth::{FrontEnd, SpeechCodes, SynthEvent, Synthesizer};
+use onebit_tts::synth::{
+    Door, Ended, FrontEnd, Limits, Refusal, SpeechCodes, SynthError, SynthEvent, Synthesizer,
+};
 
 use crate::args::{
     GenArgs, ModelArgs, OutArgs, output_spec, progress_bar, read_text, request, synth_config,
@@ -39,6 +40,9 @@ pub struct SayArgs {
     /// of the summary line.
     #[arg(long)]
     pub json: bool,
+    /// Longest text in characters (the server's --max-input-chars, with the same default).
+    #[arg(long, default_value_t = onebit_tts::synth::DEFAULT_MAX_INPUT_CHARS)]
+    pub max_input_chars: usize,
     /// The text; read from stdin when absent.
     pub text: Option<String>,
 }
@@ -120,6 +124,7 @@ pub fn say(a: SayArgs, quiet: bool) -> Result<()> {
             audio: &a.output,
             codes: a.codes.as_deref(),
             json: a.json,
+            max_input_chars: a.max_input_chars,
         },
         a.text,
         quiet,
@@ -140,6 +145,7 @@ struct SayTo<'a> {
     codes: Option<&'a Path>,
     /// The run's numbers and codes as JSON on stdout.
     json: bool,
+    max_input_chars: usize,
 }
 
 fn say_to(
@@ -158,7 +164,22 @@ fn say_to(
     let mut cfg = synth_config(model);
     // One request is one stream of codec windows: more sessions would only cost memory.
     cfg.codec_sessions.get_or_insert(1);
-    let synth = Synthesizer::load(&cfg)?;
+    let synth = std::sync::Arc::new(Synthesizer::load(&cfg)?);
+    // The same door as the server's: the limits are checked, and a transient engine failure is
+    // retried, exactly as a request over HTTP would be.
+    let door = Door::new(
+        synth.clone(),
+        Limits {
+            max_input_chars: to.max_input_chars,
+            ..Limits::default()
+        },
+    );
+    let ticket = door.admit(req.clone(), None).map_err(|e| match e {
+        Refusal::Invalid(e @ SynthError::InputTooLong { .. }) => {
+            anyhow::anyhow!("{e}; --max-input-chars N takes a longer one")
+        }
+        e => anyhow::Error::from(e),
+    })?;
     let bar = progress_bar(
         quiet,
         0,
@@ -168,7 +189,7 @@ fn say_to(
     let started = std::time::Instant::now();
     let mut file =
         PartialFile::create(output).with_context(|| format!("creating {}", output.display()))?;
-    let result = synth.synthesize(&req, &CancelToken::new(), &mut |ev| {
+    let result = ticket.run(&mut |ev| {
         match ev {
             SynthEvent::Started {
                 estimated_codes, ..
@@ -200,7 +221,7 @@ fn say_to(
         ControlFlow::Continue(())
     });
     bar.finish_and_clear();
-    let report = result?;
+    let report = result.or_else(Ended::into_report)?;
     file.check()
         .with_context(|| format!("writing {}", output.display()))?;
     let codes = SpeechCodes::of(&synth, &req, &report)?;

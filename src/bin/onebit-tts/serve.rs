@@ -12,7 +12,6 @@ pub fn serve(model: &ModelArgs, args: &ServeArgs) -> Result<()> {
     // Checked before the model loads (minutes, for a large one): keys, limits, exposure.
     let mut server_cfg = args.config(String::new())?;
     let mut cfg = synth_config(model);
-    cfg.max_input_chars = args.max_input_chars;
     // Voices created over HTTP live in the store, which is read first so they load again after a
     // restart, and a shipped voice of the same name wins.
     let store = args

@@ -198,7 +198,7 @@ pub fn reference_judge(model: Option<&Path>, codec: Option<&Path>) -> Result<Ref
     };
     let pkg = ModelPackage::load(&dir, codec)?;
     let voices = onebit_tts::voice::VoiceStore::open(&[])?;
-    Ok(ReferenceJudge(Some(FrontEnd::new(pkg, voices, 0))))
+    Ok(ReferenceJudge(Some(FrontEnd::new(pkg, voices))))
 }
 
 impl ReferenceJudge {

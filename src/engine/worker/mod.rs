@@ -17,7 +17,7 @@ mod proxy;
 pub use crate::npu::supervisor;
 
 pub use proxy::{
-    DEFAULT_LOAD_TIMEOUT, DEFAULT_STEP_TIMEOUT, ResidencyGate, WorkerConfig, WorkerEngine,
-    WorkerHandle, WorkerState, WorkerTimeouts,
+    DEFAULT_LOAD_TIMEOUT, DEFAULT_STEP_TIMEOUT, NPU_RETRY_DELAY, ResidencyGate, WorkerConfig,
+    WorkerEngine, WorkerHandle, WorkerState, WorkerTimeouts,
 };
 pub use supervisor::{Child, Ending, NeverKill, StopGrace, StopOutcome, StopPolicy};

@@ -107,9 +107,6 @@ pub struct WorkerConfig {
     pub gate: Option<ResidencyGate>,
     /// Where /sys, /dev and /proc are for the residency proof; tests fake them.
     pub roots: SystemRoots,
-    /// Wait before the one retry of a failed non-streamed request; `None`: no retry. The NPU
-    /// route uses [`NPU_RETRY_DELAY`].
-    pub retry_delay: Option<Duration>,
     /// RYZENAI_EP_PATH for the worker, over what the environment rules set (`--ep-library`).
     pub ep_library: Option<PathBuf>,
     /// Run onnxruntime-genai's loop in the worker (`--engine oga`) instead of ours.
@@ -154,7 +151,6 @@ impl WorkerConfig {
             timeouts: WorkerTimeouts::default(),
             gate: None,
             roots,
-            retry_delay: npu.then_some(NPU_RETRY_DELAY),
             ep_library: None,
             oga: None,
             ort,
@@ -276,6 +272,17 @@ struct State {
 }
 
 impl WorkerHandle {
+    /// The worker and its engine as they are now (`None`: nothing loaded yet): read live, so
+    /// it names the pid of the worker a respawn started, not the first one's.
+    pub fn describe(&self) -> Option<String> {
+        let st = self.lock();
+        match (&st.loaded, st.pid) {
+            (Some(l), Some(pid)) => Some(format!("worker pid {pid}: {}", l.engine)),
+            (Some(l), None) => Some(format!("worker (not running; last: {})", l.engine)),
+            (None, _) => None,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.0.st.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -1023,27 +1030,13 @@ impl Engine for WorkerEngine {
     }
 
     fn describe(&self) -> String {
-        let st = self.handle.lock();
-        match (&st.loaded, st.pid) {
-            (Some(l), Some(pid)) => format!("worker pid {pid}: {}", l.engine),
-            (Some(l), None) => format!("worker (not running; last: {})", l.engine),
-            (None, _) => format!("worker on {} (not loaded)", self.cfg.ort.device),
-        }
+        self.handle
+            .describe()
+            .unwrap_or_else(|| format!("worker on {} (not loaded)", self.cfg.ort.device))
     }
 
     fn device(&self) -> Device {
         self.cfg.ort.device
-    }
-
-    fn retry_delay(&self, err: &EngineError) -> Option<Duration> {
-        let curable = matches!(
-            err,
-            EngineError::WorkerCrashed { .. }
-                | EngineError::Runtime(_)
-                | EngineError::Device(_)
-                | EngineError::Worker(_)
-        );
-        self.cfg.retry_delay.filter(|_| curable)
     }
 
     fn worker(&self) -> Option<WorkerHandle> {
