@@ -3,14 +3,16 @@
 //!
 //! This module owns the request and its outcome; the stages live in its children:
 //! [`load`] (which engine, where, from which config), [`plan`] (text to pieces and their prompts,
-//! and each piece's code limit), `run` (the generation loop over the pieces) and `audio` (codes to
-//! encoded bytes: decoding, the joins between pieces, the output pipeline).
+//! and each piece's code limit), `run` (the generation loop over the pieces), `audio` (codes to
+//! encoded bytes: decoding, the joins between pieces, the output pipeline) and [`timing`] (where
+//! each piece lies in the audio; captions).
 
 mod audio;
 pub mod codes;
 pub mod load;
 pub mod plan;
 mod run;
+pub mod timing;
 
 use std::path::{Path, PathBuf};
 
@@ -34,6 +36,7 @@ pub use load::{EngineKind, SynthConfig, device_label, load_codec, load_engine, r
 pub use plan::{
     BUDGET_CHARS_PER_SECOND, BUDGET_FACTOR, BUDGET_FLOOR_CODES, FrontEnd, Piece, Plan, code_budget,
 };
+pub use timing::{CaptionFormat, PieceTiming, Timeline, TimingError, WordTiming};
 
 /// Longest input text accepted by default, in characters.
 pub const DEFAULT_MAX_INPUT_CHARS: usize = 20_000;
