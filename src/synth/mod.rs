@@ -149,6 +149,11 @@ pub enum SynthEvent<'a> {
     Code { index: usize, code: u32 },
     /// Encoded audio bytes of the requested format, in order.
     Audio(&'a [u8]),
+    /// A piece's samples have all gone into the output: where it lies there, exact to the
+    /// sample, with estimated word times. A streamed request has handed out their bytes in the
+    /// `Audio` events before this one, so a streaming consumer can send each piece's captions as
+    /// its audio goes (a whole file's container may hold bytes back until its end).
+    Timing(&'a PieceTiming),
 }
 
 /// What one request produced.
@@ -170,6 +175,8 @@ pub struct SynthesisReport {
     /// Pieces the text was cut into; more than ran when max_new_tokens ran out or the request
     /// was cancelled (the joins of the audio were planned for these).
     pub planned_pieces: usize,
+    /// Where each piece whose audio all went out lies in the output, in seconds (captions).
+    pub timeline: Timeline,
     pub timings: StageTimings,
     /// On the NPU: commands its driver counted as completed for this request, summed over its
     /// pieces (`None`: not on the NPU, or no piece could be counted).

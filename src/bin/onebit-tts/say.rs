@@ -196,6 +196,7 @@ fn say_to(
                     return ControlFlow::Break(());
                 }
             }
+            SynthEvent::Timing(_) => {}
         }
         ControlFlow::Continue(())
     });
