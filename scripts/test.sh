@@ -23,6 +23,7 @@ cargo test --locked
 "$root/.onebit/venv/bin/python" tests/python/test_stub_ep.py "$root/target/debug/libonebit_stub_ep.so"
 "$root/.onebit/venv/bin/python" tests/python/test_onnx_to_gguf.py "$root/target/pytest-gguf" models/tiny models/tiny-random
 "$root/.onebit/venv/bin/python" tests/python/test_normalizer_parity.py "$root/target/debug/onebit-tts"
+"$root/.onebit/venv/bin/python" tests/python/test_captions.py "$root/target/debug/onebit-tts" models/tiny "$root/target/pytest-captions"
 # The release package of the test build (no release build in CI: the package's mechanics, not
 # its optimisation, are under test), then the container image made from it: two replicas behind
 # haproxy sharing a voice store, one drained under load (~3.5 min on a fresh machine, which

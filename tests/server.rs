@@ -2680,3 +2680,94 @@ async fn http_and_wyoming_share_the_places_and_the_queue_bound() {
     wait_health((0, 0)).await;
     s.stop().await;
 }
+
+// ---- Timing with the audio ----
+
+/// `"timing": true`: a whole response becomes JSON with the audio in base64 (the same bytes as
+/// without timing) and the timing document, whose piece times are the code counts exactly, at
+/// speed 2 and 48 kHz too; an SSE stream carries a `speech.timing` event after each piece's
+/// audio; raw streamed audio refuses timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timing_rides_with_whole_and_sse_responses() {
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+    let two_pieces = "The first sentence is here. [pause:0.5s] And the second one follows it.";
+    for (speed, rate) in [(1.0f64, 24_000u32), (2.0, 48_000)] {
+        let plain = body(
+            json!({"input": two_pieces, "markup": true, "response_format": "wav",
+            "speed": speed, "sample_rate": rate}),
+        );
+        let want = speak(&c, &s, &plain).await;
+        assert_eq!(want.status(), StatusCode::OK);
+        let want = want.bytes().await.unwrap();
+        let mut timed = plain.clone();
+        timed["timing"] = json!(true);
+        let r = speak(&c, &s, &timed).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "content-type"), "application/json");
+        let doc: Value = r.json().await.unwrap();
+        let audio = base64::engine::general_purpose::STANDARD
+            .decode(doc["audio"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(audio, want, "the same audio with or without timing");
+        assert_eq!(doc["content_type"], "audio/wav");
+        let t = &doc["timing"];
+        assert_eq!(t["words_estimated"], true);
+        assert_eq!(t["sample_rate"], rate);
+        let pieces = t["pieces"].as_array().unwrap();
+        assert_eq!(pieces.len(), 2, "{t}");
+        let secs = |v: &Value| v.as_f64().unwrap();
+        for p in pieces {
+            let codes = p["codes"].as_u64().unwrap() as f64;
+            let span = secs(&p["end"]) - secs(&p["start"]);
+            assert!((span - codes * 0.02 / speed).abs() < 1e-9, "{p}");
+        }
+        assert_eq!(secs(&pieces[0]["start"]), 0.0);
+        // The markup pause lasts its time whatever the speed.
+        let gap = secs(&pieces[1]["start"]) - secs(&pieces[0]["end"]);
+        assert!((gap - 0.5).abs() < 1e-6, "gap {gap}");
+        // The WAV holds the timeline's seconds (within a sample of the output rate per piece).
+        let samples = (audio.len() - 44) / 2;
+        let seconds = samples as f64 / f64::from(rate);
+        assert!(
+            (seconds - secs(&t["audio_seconds"])).abs() < 0.002,
+            "{seconds} vs {t}"
+        );
+    }
+
+    // SSE: a timing event after each piece's audio, before the done event.
+    let sse = body(
+        json!({"input": two_pieces, "markup": true, "response_format": "pcm",
+        "stream_format": "sse", "timing": true}),
+    );
+    let r = speak(&c, &s, &sse).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let events = sse_events(&r.text().await.unwrap());
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let timings: Vec<usize> = kinds
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k == "speech.timing")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(timings.len(), 2, "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"speech.audio.done"));
+    assert!(
+        kinds[..timings[0]].contains(&"speech.audio.delta"),
+        "{kinds:?}"
+    );
+    assert_eq!(events[timings[1]]["piece"]["index"], 1);
+    assert_eq!(events[timings[0]]["words_estimated"], true);
+    // Without the opt-in, no timing event.
+    let mut plain = sse.clone();
+    plain["timing"] = Value::Null;
+    let r = speak(&c, &s, &plain).await;
+    let events = sse_events(&r.text().await.unwrap());
+    assert!(events.iter().all(|e| e["type"] != "speech.timing"));
+
+    // Raw streamed audio has nowhere to put it.
+    let raw = body(json!({"stream_format": "audio", "response_format": "pcm", "timing": true}));
+    let r = speak(&c, &s, &raw).await;
+    api_error(r, 400, Some("timing"), Some("invalid_value")).await;
+    s.stop().await;
+}

@@ -130,7 +130,9 @@ fn synthesize_until(
             bytes.extend_from_slice(b);
             ControlFlow::Continue(())
         }
-        SynthEvent::Started { .. } | SynthEvent::Piece { .. } => ControlFlow::Continue(()),
+        SynthEvent::Started { .. } | SynthEvent::Piece { .. } | SynthEvent::Timing(_) => {
+            ControlFlow::Continue(())
+        }
     });
     (r, bytes)
 }

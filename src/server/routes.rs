@@ -10,6 +10,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use base64::Engine as _;
 use tokio::time::Instant;
 
 use super::admission::{check_host, check_key, cors};
@@ -262,7 +263,7 @@ async fn speech_inner(
         parse_body(st, &bytes)
     }
     .await;
-    let (req, stream) = before_queue(st, checked)?;
+    let (req, stream, timing) = before_queue(st, checked)?;
     let content_type = req.output.format.content_type();
     // A whole response is held until it is complete: past the cap, stop generating and refuse.
     let too_large = (stream == StreamFormat::None).then(|| TooLarge {
@@ -298,11 +299,21 @@ async fn speech_inner(
                         })?;
                         st.metrics.request(200);
                         drop(permit);
+                        let (body, ct) = if timing {
+                            // Kokoro-FastAPI's captioned speech shape: the audio in base64
+                            // beside its timing document.
+                            let doc = serde_json::json!({
+                                "audio": base64::engine::general_purpose::STANDARD.encode(&body),
+                                "content_type": content_type,
+                                "timing": report.timeline.to_value(),
+                            });
+                            (doc.to_string().into_bytes(), "application/json")
+                        } else {
+                            (body, content_type)
+                        };
                         let mut r = Response::new(Body::from(body));
-                        r.headers_mut().insert(
-                            header::CONTENT_TYPE,
-                            header::HeaderValue::from_static(content_type),
-                        );
+                        r.headers_mut()
+                            .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(ct));
                         add_report_headers(r.headers_mut(), &report);
                         return Ok(r);
                     }
@@ -318,7 +329,7 @@ async fn speech_inner(
         StreamFormat::Audio | StreamFormat::Sse => {
             let sse = stream == StreamFormat::Sse;
             st.metrics.request(200);
-            let body_stream = response_stream(st.clone(), events, permit, sse);
+            let body_stream = response_stream(st.clone(), events, permit, sse, timing);
             let mut r = Response::new(Body::from_stream(body_stream));
             let ct = if sse {
                 "text/event-stream"

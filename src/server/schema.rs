@@ -67,6 +67,10 @@ pub(super) struct SpeechBody {
     /// Words spoken with the given IPA for this request: `{"word": "ipa", ...}`.
     #[serde(default)]
     lexicon: Option<std::collections::BTreeMap<String, String>>,
+    /// Timing with the audio: `speech.timing` events in an SSE stream, or a whole response as
+    /// JSON with the audio in base64 and the timing document beside it; default off.
+    #[serde(default)]
+    timing: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,10 +161,11 @@ pub(super) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }))
 }
 
+/// The request, how its answer is framed, and whether timing rides with the audio.
 pub(super) fn parse_body(
     st: &AppState,
     bytes: &[u8],
-) -> Result<(SpeechRequest, StreamFormat), ApiError> {
+) -> Result<(SpeechRequest, StreamFormat, bool), ApiError> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(ApiError::invalid_json)?;
     if !value.is_object() {
         return Err(ApiError::invalid_type("the body must be a JSON object"));
@@ -204,6 +209,13 @@ pub(super) fn parse_body(
             ));
         }
     };
+    let timing = body.timing.unwrap_or(false);
+    if timing && stream == StreamFormat::Audio {
+        return Err(ApiError::invalid_value(
+            "timing",
+            "timing rides in an SSE stream (stream_format \"sse\") or a whole JSON response; raw streamed audio has no place for it",
+        ));
+    }
     let language = body
         .language
         .as_deref()
@@ -269,5 +281,5 @@ pub(super) fn parse_body(
             streaming: stream != StreamFormat::None,
         },
     };
-    Ok((req, stream))
+    Ok((req, stream, timing))
 }

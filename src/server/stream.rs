@@ -59,6 +59,7 @@ pub(super) fn response_stream(
     events: Watched,
     permit: Permit,
     sse: bool,
+    timing: bool,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     futures_util::stream::unfold(Some((events, permit)), move |open| {
         let st = st.clone();
@@ -75,6 +76,11 @@ pub(super) fn response_stream(
                     } else {
                         Bytes::from(b)
                     }),
+                    Some(Event::Timing(t)) if sse && timing => {
+                        let ev = serde_json::json!({"type": "speech.timing", "piece": t,
+                            "words_estimated": true});
+                        Ok(Bytes::from(format!("data: {ev}\n\n")))
+                    }
                     Some(Event::Done(result)) => {
                         return match ended(&st, result, None) {
                             Ok(report) if sse => {

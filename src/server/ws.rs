@@ -212,6 +212,13 @@ where
     loop {
         match events.recv().await {
             Some(Event::Audio(b)) => tx.send(Message::Binary(b.into())).await.map_err(|_| None)?,
+            // Where the sentence's pieces lie in its audio (word times estimated).
+            Some(Event::Timing(t)) => send_json(
+                tx,
+                json!({"type": "speech.timing", "index": index, "piece": t, "words_estimated": true}),
+            )
+            .await
+            .map_err(|_| None)?,
             Some(Event::Done(result)) => {
                 drop(permit);
                 return match ended(st, result, None) {
@@ -368,7 +375,7 @@ impl Reader {
         obj.insert("stream_format".into(), "audio".into());
         obj.entry("response_format").or_insert("pcm".into());
         let bytes = serde_json::to_vec(&v).unwrap_or_default();
-        let (req, _) = parse_body(&self.st, &bytes).map_err(|e| (close::INVALID, e))?;
+        let (req, _, _) = parse_body(&self.st, &bytes).map_err(|e| (close::INVALID, e))?;
         self.template = Some(req.clone());
         let _ = self.template_tx.send(Some(req));
         Ok(())

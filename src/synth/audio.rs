@@ -3,7 +3,7 @@
 //! pipeline (speed, rate, encoding). A synthesis and `onebit-tts decode` both go through
 //! [`AudioStage`], which is why saved codes decode to the bytes the synthesis wrote.
 
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 use std::time::{Duration, Instant};
 
 use crate::audio::{OutputPipeline, OutputSpec};
@@ -56,6 +56,9 @@ pub(crate) struct AudioStage<'a> {
     t0: Instant,
     tally: AudioTally,
     piece: Option<PieceAudio<'a>>,
+    /// Codec-rate samples emitted before the current (or last) piece's first one: its pause
+    /// is behind it.
+    piece_start: usize,
 }
 
 impl<'a> AudioStage<'a> {
@@ -89,6 +92,7 @@ impl<'a> AudioStage<'a> {
             t0,
             tally,
             piece: None,
+            piece_start: 0,
         })
     }
 
@@ -116,6 +120,7 @@ impl<'a> AudioStage<'a> {
                 return Ok(false);
             }
         }
+        self.piece_start = self.tally.samples;
         let codec = self.codec;
         let stream = self.windowed.then(|| {
             let decode: Decode<'a> = Box::new(move |codes: &[i32]| decode_i32(codec, codes));
@@ -133,6 +138,14 @@ impl<'a> AudioStage<'a> {
             },
         });
         Ok(true)
+    }
+
+    /// The current piece's samples at the codec rate, counted from the request's first: from
+    /// after its pause to what has gone out of it so far (all of it once
+    /// [`end_piece`](Self::end_piece) returned). Seconds of output are these over the codec rate
+    /// times the speed; resampling changes no time.
+    pub fn piece_span(&self) -> Range<usize> {
+        self.piece_start..self.tally.samples
     }
 
     /// One more code of the current piece: with windowed decoding, the audio of every window it

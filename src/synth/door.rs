@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::timing::PieceTiming;
 use super::{SpeechRequest, SynthError, SynthEvent, SynthesisReport, Synthesizer};
 use crate::engine::{CancelToken, StopReason};
 
@@ -147,6 +148,8 @@ pub enum Event {
     },
     /// Encoded audio, in order.
     Audio(Vec<u8>),
+    /// A piece's place in the audio, once its audio has gone out.
+    Timing(PieceTiming),
     Done(Result<Box<SynthesisReport>, Ended>),
 }
 
@@ -348,6 +351,7 @@ impl Door {
                     }
                     SynthEvent::Audio([]) => return ControlFlow::Continue(()),
                     SynthEvent::Audio(b) => Event::Audio(b.to_vec()),
+                    SynthEvent::Timing(t) => Event::Timing(t.clone()),
                 };
                 if send_or_cancel(&tx, event, &token) {
                     ControlFlow::Continue(())

@@ -3,8 +3,9 @@
 //!
 //! This module owns the request and its outcome; the stages live in its children:
 //! [`load`] (which engine, where, from which config), [`plan`] (text to pieces and their prompts,
-//! and each piece's code limit), `run` (the generation loop over the pieces) and `audio` (codes to
-//! encoded bytes: decoding, the joins between pieces, the output pipeline).
+//! and each piece's code limit), `run` (the generation loop over the pieces), `audio` (codes to
+//! encoded bytes: decoding, the joins between pieces, the output pipeline) and [`timing`] (where
+//! each piece lies in the audio; captions).
 
 mod audio;
 pub mod codes;
@@ -12,6 +13,7 @@ pub mod door;
 pub mod load;
 pub mod plan;
 mod run;
+pub mod timing;
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +37,7 @@ pub use load::{EngineKind, SynthConfig, device_label, load_codec, load_engine, r
 pub use plan::{
     BUDGET_CHARS_PER_SECOND, BUDGET_FACTOR, BUDGET_FLOOR_CODES, FrontEnd, Piece, Plan, code_budget,
 };
+pub use timing::{CaptionFormat, PieceTiming, Timeline, TimingError, WordTiming};
 
 pub use door::{
     Cause, DEFAULT_MAX_INPUT_CHARS, DEFAULT_QUEUE_DEPTH, Door, Ended, Event, Events, Limits, Load,
@@ -154,6 +157,11 @@ pub enum SynthEvent<'a> {
     Code { index: usize, code: u32 },
     /// Encoded audio bytes of the requested format, in order.
     Audio(&'a [u8]),
+    /// A piece's samples have all gone into the output: where it lies there, exact to the
+    /// sample, with estimated word times. A streamed request has handed out their bytes in the
+    /// `Audio` events before this one, so a streaming consumer can send each piece's captions as
+    /// its audio goes (a whole file's container may hold bytes back until its end).
+    Timing(&'a PieceTiming),
 }
 
 /// What one request produced.
@@ -175,6 +183,8 @@ pub struct SynthesisReport {
     /// Pieces the text was cut into; more than ran when max_new_tokens ran out or the request
     /// was cancelled (the joins of the audio were planned for these).
     pub planned_pieces: usize,
+    /// Where each piece whose audio all went out lies in the output, in seconds (captions).
+    pub timeline: Timeline,
     pub timings: StageTimings,
     /// On the NPU: commands its driver counted as completed for this request, summed over its
     /// pieces (`None`: not on the NPU, or no piece could be counted).

@@ -10,6 +10,7 @@ use crate::metrics::StageTimings;
 
 use super::audio::AudioStage;
 use super::plan::piece_limit;
+use super::timing::{PieceTiming, Timeline};
 use super::{PieceOutcome, SpeechRequest, SynthError, SynthEvent, SynthesisReport, Synthesizer};
 
 impl Synthesizer {
@@ -62,6 +63,7 @@ impl Synthesizer {
             bytes: 0,
             pieces: Vec::with_capacity(pieces.len()),
             planned_pieces: pieces.len(),
+            timeline: Timeline::new(req.output.sample_rate, req.output.speed),
             timings: StageTimings::default(),
             npu_commands: None,
         };
@@ -203,6 +205,22 @@ impl Synthesizer {
                 out.stop = StopReason::Cancelled;
                 break;
             }
+            // The piece's audio is all out: where it lies is known to the sample, and a stream
+            // can send its captions now.
+            out.timeline.pieces.push(PieceTiming::new(
+                i,
+                &piece.text,
+                &piece.prepared,
+                audio.piece_span(),
+                generation.codes.len(),
+                f64::from(rate) * f64::from(req.output.speed),
+            ));
+            if let Some(t) = out.timeline.pieces.last()
+                && sink(SynthEvent::Timing(t)).is_break()
+            {
+                out.stop = StopReason::Cancelled;
+                break;
+            }
         }
         if cut && out.stop != StopReason::Cancelled {
             out.stop = StopReason::Length;
@@ -225,6 +243,8 @@ impl Synthesizer {
             audio.finish(sink)?
         };
         out.samples = tally.samples;
+        out.timeline.audio_seconds =
+            out.samples as f64 / (f64::from(rate) * f64::from(req.output.speed));
         out.bytes = tally.bytes;
         out.timings.codec = tally.codec;
         out.timings.encode = tally.encode;

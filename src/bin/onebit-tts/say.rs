@@ -12,7 +12,8 @@ use onebit_tts::audio::OutputSpec;
 use onebit_tts::metrics;
 use onebit_tts::paths::PartialFile;
 use onebit_tts::synth::{
-    Door, Ended, FrontEnd, Limits, Refusal, SpeechCodes, SynthError, SynthEvent, Synthesizer,
+    CaptionFormat, Door, Ended, FrontEnd, Limits, Refusal, SpeechCodes, SynthError, SynthEvent,
+    Synthesizer,
 };
 
 use crate::args::{
@@ -36,6 +37,10 @@ pub struct SayArgs {
     /// seeds) to this JSON file; `onebit-tts decode FILE` turns it back into the same audio.
     #[arg(long, value_name = "FILE")]
     pub codes: Option<PathBuf>,
+    /// Also write where each piece of the text lies in the audio: captions as .srt or .vtt (one
+    /// cue per piece), or .json (pieces with estimated word times); the extension picks which.
+    #[arg(long, value_name = "FILE")]
+    pub captions: Option<PathBuf>,
     /// Print the run's numbers and its codes (the --codes fields) as JSON on stdout instead
     /// of the summary line.
     #[arg(long)]
@@ -123,6 +128,7 @@ pub fn say(a: SayArgs, quiet: bool) -> Result<()> {
         &SayTo {
             audio: &a.output,
             codes: a.codes.as_deref(),
+            captions: a.captions.as_deref(),
             json: a.json,
             max_input_chars: a.max_input_chars,
         },
@@ -143,6 +149,8 @@ pub fn prompt(a: PromptArgs) -> Result<()> {
 struct SayTo<'a> {
     audio: &'a Path,
     codes: Option<&'a Path>,
+    /// Captions or the timing document, in the format of its extension.
+    captions: Option<&'a Path>,
     /// The run's numbers and codes as JSON on stdout.
     json: bool,
     max_input_chars: usize,
@@ -160,6 +168,11 @@ fn say_to(
     let text = read_text(text)?;
     let output = to.audio;
     let spec = output_spec(out, output)?;
+    // A captions name in no known format is refused before any work, like the audio's.
+    let captions = to
+        .captions
+        .map(|p| CaptionFormat::from_path(p).map(|f| (p, f)))
+        .transpose()?;
     let req = request(voice, text, g, spec)?;
     let mut cfg = synth_config(model);
     // One request is one stream of codec windows: more sessions would only cost memory.
@@ -217,6 +230,8 @@ fn say_to(
                     return ControlFlow::Break(());
                 }
             }
+            // The whole timeline is in the report at the end: a file is written once.
+            SynthEvent::Timing(_) => {}
         }
         ControlFlow::Continue(())
     });
@@ -225,10 +240,13 @@ fn say_to(
     file.check()
         .with_context(|| format!("writing {}", output.display()))?;
     let codes = SpeechCodes::of(&synth, &req, &report)?;
-    // The codes file first: when it cannot be written, the audio is not left behind either, so a
-    // run either made everything it was asked for or nothing.
+    // The codes and captions files first: when one cannot be written, the audio is not left
+    // behind either, so a run either made everything it was asked for or nothing.
     if let Some(path) = to.codes {
         write_whole(path, codes.to_json().as_bytes())?;
+    }
+    if let Some((path, format)) = captions {
+        write_whole(path, format.render(&report.timeline).as_bytes())?;
     }
     file.commit()
         .with_context(|| format!("writing {}", output.display()))?;
