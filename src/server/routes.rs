@@ -268,9 +268,12 @@ async fn speech_inner(
             let mut body = Vec::new();
             loop {
                 match rx.recv().await {
-                    // A whole WAV, FLAC or MP3 comes as one chunk: keep it, do not copy it.
                     Some(Chunk::Bytes(b)) if body.is_empty() => body = b,
                     Some(Chunk::Bytes(b)) => body.extend_from_slice(&b),
+                    Some(Chunk::Patch { offset, bytes }) => {
+                        crate::audio::apply_patch(&mut body, offset, &bytes)
+                            .map_err(|e| ApiError::internal(e.to_string()))?;
+                    }
                     Some(Chunk::Done(Ok(report))) => {
                         st.metrics.request(200);
                         drop(guard);

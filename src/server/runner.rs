@@ -17,6 +17,12 @@ use crate::synth::{SpeechRequest, SynthEvent, SynthesisReport};
 
 pub(super) enum Chunk {
     Bytes(Vec<u8>),
+    /// Overwrites earlier bytes of a whole response ([`SynthEvent::Patch`]), after the last
+    /// `Bytes`.
+    Patch {
+        offset: u64,
+        bytes: Vec<u8>,
+    },
     // Boxed: a report is far larger than a chunk of bytes, and there is one per request.
     Done(Result<Box<SynthesisReport>, ApiError>),
 }
@@ -119,6 +125,17 @@ pub(super) async fn run_job(
         let result = st2.synth.synthesize(&req, &token2, &mut |ev| match ev {
             SynthEvent::Audio(bytes) if !bytes.is_empty() => {
                 if send_or_cancel(&tx2, Chunk::Bytes(bytes.to_vec()), &token2) {
+                    ControlFlow::Continue(())
+                } else {
+                    ControlFlow::Break(())
+                }
+            }
+            SynthEvent::Patch { offset, bytes } => {
+                let patch = Chunk::Patch {
+                    offset,
+                    bytes: bytes.to_vec(),
+                };
+                if send_or_cancel(&tx2, patch, &token2) {
                     ControlFlow::Continue(())
                 } else {
                     ControlFlow::Break(())

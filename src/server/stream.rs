@@ -72,6 +72,17 @@ pub(super) fn response_stream(
                 };
                 Some((Ok(out), (Some(rx), guard)))
             }
+            // A streamed encoder's bytes are final when they leave; a patch would mean the
+            // client already has wrong bytes: end in an error rather than send a corrupt file.
+            Some(Chunk::Patch { .. }) => {
+                drop(guard);
+                Some((
+                    Err(std::io::Error::other(
+                        "internal error: a streamed response cannot be patched",
+                    )),
+                    (None, None),
+                ))
+            }
             Some(Chunk::Done(Ok(report))) => {
                 drop(guard);
                 if sse {

@@ -146,6 +146,12 @@ pub enum SynthEvent<'a> {
     Code { index: usize, code: u32 },
     /// Encoded audio bytes of the requested format, in order.
     Audio(&'a [u8]),
+    /// Bytes that overwrite the output at `offset` (counted from its first byte), sent after the
+    /// last `Audio`: a whole (not streamed) WAV, FLAC or MP3 says at its front what only its end
+    /// knows (length, STREAMINFO, Info tag), so a placeholder of the same size goes out first
+    /// and this replaces it. Whoever keeps the bytes applies it ([`crate::audio::apply_patch`]
+    /// for a `Vec`); a streamed response never has one.
+    Patch { offset: u64, bytes: &'a [u8] },
 }
 
 /// What one request produced.
