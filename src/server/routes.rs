@@ -265,34 +265,20 @@ async fn speech_inner(
 
     match stream {
         StreamFormat::None => {
-            let mut body = Vec::new();
-            loop {
-                match rx.recv().await {
-                    Some(Chunk::Bytes(b)) if body.is_empty() => body = b,
-                    Some(Chunk::Bytes(b)) => body.extend_from_slice(&b),
-                    Some(Chunk::Patch { offset, bytes }) => {
-                        crate::audio::apply_patch(&mut body, offset, &bytes)
-                            .map_err(|e| ApiError::internal(e.to_string()))?;
-                    }
-                    Some(Chunk::Done(Ok(report))) => {
-                        st.metrics.request(200);
-                        drop(guard);
-                        let mut r = Response::new(Body::from(body));
-                        r.headers_mut().insert(
-                            header::CONTENT_TYPE,
-                            header::HeaderValue::from_static(content_type),
-                        );
-                        add_report_headers(r.headers_mut(), &report);
-                        return Ok(r);
-                    }
-                    Some(Chunk::Done(Err(e))) => return Err(e),
-                    None => {
-                        return Err(ApiError::unavailable(
-                            "the synthesis job ended without a result",
-                        ));
-                    }
-                }
-            }
+            // Spooled (memory, then a file) as it is made, sent from there once complete.
+            let (spool, report) = super::spool::collect(&mut rx).await?;
+            st.metrics.request(200);
+            drop(guard);
+            let len = spool.len();
+            let mut r = Response::new(Body::from_stream(spool.into_stream()));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(content_type),
+            );
+            r.headers_mut()
+                .insert(header::CONTENT_LENGTH, header::HeaderValue::from(len));
+            add_report_headers(r.headers_mut(), &report);
+            Ok(r)
         }
         StreamFormat::Audio | StreamFormat::Sse => {
             let sse = stream == StreamFormat::Sse;

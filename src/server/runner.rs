@@ -114,7 +114,7 @@ pub(super) async fn run_job(
     let st2 = st.clone();
     let tx2 = tx.clone();
     let token2 = token.clone();
-    // A whole response is held until it is complete: past the cap, stop generating and refuse.
+    // A whole response is spooled until it is complete: past the cap, stop generating and refuse.
     let cap = (!req.output.streaming).then(|| {
         let per_code = bytes_per_code(req.output.sample_rate, req.output.speed);
         (st.cfg.max_response_bytes as f64 / per_code).floor() as usize
