@@ -94,7 +94,7 @@ fn main() {
                 for p in x.chunks(PIECE) {
                     size += e.push(p).expect("push").len();
                 }
-                size += e.finish().expect("finish").len();
+                size += e.finish().expect("finish").tail.len();
             });
             println!(
                 "  {:<5} {:<9}                {:>8.3}             {:>7.1}",

@@ -86,6 +86,27 @@ impl PartialFile {
         self.failed.is_none()
     }
 
+    /// Overwrites `bytes` at `offset` of what was appended (a whole file's header patched at
+    /// its end, [`crate::synth::SynthEvent::Patch`]); later appends go on at the end. False once a
+    /// write has failed, as [`append`](Self::append).
+    pub fn patch(&mut self, offset: u64, bytes: &[u8]) -> bool {
+        use std::io::{Seek, SeekFrom, Write};
+        if self.failed.is_none() {
+            let done = match self.file.as_mut() {
+                // BufWriter's seek writes out what it buffered first.
+                Some(f) => f
+                    .seek(SeekFrom::Start(offset))
+                    .and_then(|_| f.write_all(bytes))
+                    .and_then(|()| f.seek(SeekFrom::End(0)).map(drop)),
+                None => Err(std::io::Error::other("file already committed")),
+            };
+            if let Err(e) = done {
+                self.failed = Some(e);
+            }
+        }
+        self.failed.is_none()
+    }
+
     /// Whether every append so far succeeded; the first failure otherwise (the file still
     /// refuses to commit).
     pub fn check(&self) -> std::io::Result<()> {

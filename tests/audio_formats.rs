@@ -30,7 +30,7 @@ fn encode_pieces(format: AudioFormat, rate: u32, mode: EncodeMode, x: &[f32]) ->
         }
         out.extend(bytes);
     }
-    out.extend(e.finish().unwrap());
+    e.finish().unwrap().complete(&mut out).unwrap();
     (out, nonempty_pushes)
 }
 
@@ -56,6 +56,68 @@ fn wav_whole_is_exact_with_exact_header() {
     let (rate, ch, _, s) = symphonia_decode(&bytes, "wav");
     assert_eq!((rate, ch), (RATE, 1));
     assert_eq!(s, quantized(&x));
+}
+
+/// A whole WAV, FLAC or MP3 leaves as it is made: every push hands out its bytes (a placeholder
+/// front first), and `finish` patches only that front, to the same file as one call makes.
+#[test]
+fn whole_files_leave_as_they_are_made_and_only_their_front_is_patched() {
+    let x = speech_like(2.1, RATE);
+    // The front each format patches: WAV's header, fLaC + STREAMINFO, MP3's Info tag frame
+    // (LAME's 24 kHz, 64 kbit/s frames are 192 bytes).
+    for (format, front) in [
+        (AudioFormat::Wav, 44),
+        (AudioFormat::Flac, 42),
+        (AudioFormat::Mp3, 192),
+    ] {
+        let mut e = Encoder::new(format, RATE, EncodeMode::Whole).unwrap();
+        let mut out = Vec::new();
+        let mut pushes = 0;
+        for piece in x.chunks(RATE as usize / 5 + 7) {
+            let bytes = e.push(piece).unwrap();
+            pushes += usize::from(!bytes.is_empty());
+            out.extend(bytes);
+        }
+        assert!(pushes > 5, "{format}: {pushes} pushes gave bytes");
+        let sent = out.len();
+        let done = e.finish().unwrap();
+        assert_eq!(done.patches.len(), 1, "{format}");
+        let patch = &done.patches[0];
+        assert_eq!(
+            (patch.offset, patch.bytes.len()),
+            (0, front),
+            "{format}: the patch is the front"
+        );
+        assert!(front <= sent, "{format}: the placeholder went out first");
+        assert_ne!(
+            &out[..front],
+            &patch.bytes[..],
+            "{format}: it was a placeholder"
+        );
+        done.complete(&mut out).unwrap();
+        assert!(
+            out == encode(format, RATE, &x).unwrap(),
+            "{format}: the same file as encode() makes"
+        );
+    }
+    // Nothing pushed: the whole (empty) file is the tail, nothing to patch.
+    for format in [AudioFormat::Wav, AudioFormat::Flac] {
+        let e = Encoder::new(format, RATE, EncodeMode::Whole).unwrap();
+        let done = e.finish().unwrap();
+        assert!(done.patches.is_empty());
+        assert_eq!(done.tail, encode(format, RATE, &[]).unwrap());
+    }
+}
+
+#[test]
+fn a_patch_past_the_end_is_an_error() {
+    let mut out = vec![0u8; 10];
+    onebit_tts::audio::apply_patch(&mut out, 8, &[1, 2]).unwrap();
+    assert_eq!(&out[8..], &[1, 2]);
+    for (offset, len) in [(9, 2), (11, 0), (u64::MAX, 1)] {
+        let e = onebit_tts::audio::apply_patch(&mut out, offset, &vec![0; len]).unwrap_err();
+        assert!(matches!(e, AudioError::Internal(_)), "{e}");
+    }
 }
 
 #[test]

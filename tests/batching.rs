@@ -326,8 +326,12 @@ fn bytes_of(s: &Synthesizer, req: &SpeechRequest) -> Vec<u8> {
     let mut out = Vec::new();
     let report = s
         .synthesize(req, &CancelToken::new(), &mut |ev| {
-            if let SynthEvent::Audio(b) = ev {
-                out.extend_from_slice(b);
+            match ev {
+                SynthEvent::Audio(b) => out.extend_from_slice(b),
+                SynthEvent::Patch { offset, bytes } => {
+                    onebit_tts::audio::apply_patch(&mut out, offset, bytes).unwrap()
+                }
+                _ => {}
             }
             ControlFlow::Continue(())
         })

@@ -225,6 +225,17 @@ fn say_json_prints_the_codes_and_its_prompt_ids_are_the_prompt_commands() {
     );
 }
 
+/// Keeps the bytes of a decode's events, patches applied.
+fn collect(out: &mut Vec<u8>, ev: SynthEvent<'_>) {
+    match ev {
+        SynthEvent::Audio(b) => out.extend_from_slice(b),
+        SynthEvent::Patch { offset, bytes } => {
+            onebit_tts::audio::apply_patch(out, offset, bytes).unwrap()
+        }
+        _ => {}
+    }
+}
+
 #[test]
 fn streamed_codes_decode_to_the_streamed_bytes() {
     let cfg = SynthConfig {
@@ -266,8 +277,8 @@ fn streamed_codes_decode_to_the_streamed_bytes() {
         let codec = load_codec(&cfg, &synth.package().codec, 1).unwrap();
         let mut decoded = Vec::new();
         let tally = doc
-            .decode(&codec, 24_000, &output, &mut |b| {
-                decoded.extend_from_slice(b);
+            .decode(&codec, 24_000, &output, &mut |ev| {
+                collect(&mut decoded, ev);
                 ControlFlow::Continue(())
             })
             .unwrap();
@@ -285,8 +296,8 @@ fn streamed_codes_decode_to_the_streamed_bytes() {
         };
         let mut other = Vec::new();
         whole
-            .decode(&codec, 24_000, &output, &mut |b| {
-                other.extend_from_slice(b);
+            .decode(&codec, 24_000, &output, &mut |ev| {
+                collect(&mut other, ev);
                 ControlFlow::Continue(())
             })
             .unwrap();

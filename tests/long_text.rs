@@ -82,6 +82,9 @@ fn five_thousand_words_make_one_continuous_wav_in_order() {
                     pieces.push(text.to_owned());
                 }
                 SynthEvent::Audio(b) => bytes.extend_from_slice(b),
+                SynthEvent::Patch { offset, bytes: p } => {
+                    onebit_tts::audio::apply_patch(&mut bytes, offset, p).unwrap()
+                }
                 _ => {}
             }
             ControlFlow::Continue(())

@@ -130,6 +130,10 @@ fn synthesize_until(
             bytes.extend_from_slice(b);
             ControlFlow::Continue(())
         }
+        SynthEvent::Patch { offset, bytes: p } => {
+            onebit_tts::audio::apply_patch(&mut bytes, offset, p).unwrap();
+            ControlFlow::Continue(())
+        }
         SynthEvent::Started { .. } | SynthEvent::Piece { .. } | SynthEvent::Timing(_) => {
             ControlFlow::Continue(())
         }

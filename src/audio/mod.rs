@@ -11,7 +11,7 @@ pub mod pipeline;
 pub mod resample;
 pub mod stretch;
 
-pub use self::encode::{EncodeMode, Encoder, encode};
+pub use self::encode::{EncodeMode, Encoder, Finished, Patch, apply_patch, encode};
 pub use self::format::{AudioFormat, SUPPORTED_FORMATS};
 pub use self::pipeline::{OutputPipeline, OutputSpec};
 pub use self::resample::check_output_rate;

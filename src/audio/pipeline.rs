@@ -1,6 +1,7 @@
 //! The output side of one request: 24 kHz samples -> speed change -> resampling -> encoded bytes,
 //! all streaming-capable, so the server and `say` share one path.
 
+use super::encode::Finished;
 use super::{AudioError, AudioFormat, EncodeMode, Encoder, StreamResampler, TimeStretcher};
 
 /// What the caller asked for.
@@ -64,23 +65,37 @@ impl OutputPipeline {
 
     /// Feeds samples; returns the bytes ready now (possibly none).
     pub fn push(&mut self, samples: &[f32]) -> Result<Vec<u8>, AudioError> {
+        self.push_inner(samples, true)
+    }
+
+    /// Feeds a part of what is one push, more of it coming at once ([`Encoder::push_part`]):
+    /// the bytes are those of one push of all the parts.
+    pub fn push_part(&mut self, samples: &[f32]) -> Result<Vec<u8>, AudioError> {
+        self.push_inner(samples, false)
+    }
+
+    fn push_inner(&mut self, samples: &[f32], end: bool) -> Result<Vec<u8>, AudioError> {
         let stretched;
         let mut s = samples;
         if let Some(t) = &mut self.stretch {
             stretched = t.process(s);
             s = &stretched;
         }
-        match &mut self.resample {
-            Some(r) => {
-                let out = r.process(s)?;
-                self.encoder.push(&out)
-            }
-            None => self.encoder.push(s),
+        let resampled;
+        if let Some(r) = &mut self.resample {
+            resampled = r.process(s)?;
+            s = &resampled;
+        }
+        if end {
+            self.encoder.push(s)
+        } else {
+            self.encoder.push_part(s)
         }
     }
 
-    /// Flushes every stage; returns the last bytes.
-    pub fn finish(mut self) -> Result<Vec<u8>, AudioError> {
+    /// Flushes every stage; returns the last bytes and, for a whole file, the patches of what
+    /// went out before (see [`Finished`]).
+    pub fn finish(mut self) -> Result<Finished, AudioError> {
         let mut bytes = Vec::new();
         let tail = match self.stretch.take() {
             Some(t) => t.finish(),
@@ -94,7 +109,58 @@ impl OutputPipeline {
             }
             None => bytes.extend(self.encoder.push(&tail)?),
         }
-        bytes.extend(self.encoder.finish()?);
-        Ok(bytes)
+        let mut done = self.encoder.finish()?;
+        bytes.append(&mut done.tail);
+        done.tail = bytes;
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes of `x` through a pipeline as one push, in parts of `piece` samples.
+    fn run(spec: &OutputSpec, x: &[f32], piece: usize) -> Vec<u8> {
+        let mut p = OutputPipeline::new(spec, 24_000).unwrap();
+        let mut out = Vec::new();
+        let mut parts = x.chunks(piece).peekable();
+        while let Some(part) = parts.next() {
+            out.extend(if parts.peek().is_some() {
+                p.push_part(part).unwrap()
+            } else {
+                p.push(part).unwrap()
+            });
+        }
+        p.finish().unwrap().complete(&mut out).unwrap();
+        out
+    }
+
+    /// The synthesis pushes a long piece a second at a time: every format, speed and rate must
+    /// give the bytes of one push of it all.
+    #[test]
+    fn output_does_not_depend_on_how_the_input_is_cut() {
+        let x: Vec<f32> = (0..24_000 * 3 + 777)
+            .map(|i| 0.3 * (i as f32 * 0.013).sin() * (i as f32 * 0.0007).cos())
+            .collect();
+        for format in AudioFormat::ALL {
+            for (speed, sample_rate) in [(1.0, 24_000), (0.25, 48_000), (1.7, 22_050)] {
+                for streaming in [false, true] {
+                    let spec = OutputSpec {
+                        format,
+                        sample_rate,
+                        speed,
+                        streaming,
+                    };
+                    let all = run(&spec, &x, x.len());
+                    for piece in [24_000, 9_999] {
+                        assert!(
+                            run(&spec, &x, piece) == all,
+                            "{spec:?} in pieces of {piece}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -37,7 +37,9 @@ pub struct ServerConfig {
     pub write_timeout: Duration,
     /// Open connections; a connection beyond them gets a 503 and is closed at once.
     pub max_connections: usize,
-    /// Largest whole (not streamed) response held in memory, counted as 16-bit audio.
+    /// Largest whole (not streamed) response, counted as 16-bit audio. A whole response is
+    /// spooled until it is complete: 1 MiB in memory, the rest in an unlinked file under
+    /// `$TMPDIR`, so this bounds each response's disk use, not the server's memory.
     pub max_response_bytes: usize,
     /// Serve a non-loopback address without keys (`--insecure-no-auth`).
     pub insecure_no_auth: bool,
@@ -193,6 +195,7 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEBIT_MAX_CONNECTIONS", default_value_t = 512)]
     pub max_connections: usize,
     /// Largest whole (not streamed) response in MiB of 16-bit audio; larger ones are refused (400).
+    /// Whole responses wait for their client in a file under $TMPDIR: this bounds its size.
     #[arg(long, env = "ONEBIT_MAX_RESPONSE_MB", default_value_t = 64)]
     pub max_response_mb: usize,
     /// A JSON file of voice aliases, `{"alloy": "dave", ...}`: names clients may send for

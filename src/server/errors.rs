@@ -74,6 +74,17 @@ impl ApiError {
         )
     }
 
+    /// A browser page from another origin asked for the WebSocket route.
+    pub fn forbidden_origin(origin: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "forbidden_origin",
+            format!(
+                "a WebSocket from the origin {origin:?} is refused: only this server's own origin and --cors-origin may open one"
+            ),
+        )
+    }
+
     /// A request to the WebSocket route that is no WebSocket upgrade.
     pub fn upgrade_required(status: StatusCode, message: impl Into<String>) -> Self {
         Self::new(status, "websocket_upgrade_required", message)

@@ -10,7 +10,7 @@
 //! By concern: `config` (limits, knobs and the `serve` flags), `conn` (one connection: timeouts,
 //! the connection limit, its shutdown), `schema` (the request body and its validation),
 //! `admission` (Host, keys, CORS), `runner` (the door's answers as HTTP answers them), `stream` (response
-//! framing: headers, raw and SSE bodies), `routes` (the router and handlers), `shutdown` (the accept
+//! framing: headers, raw and SSE bodies), `spool` (a whole response's bytes: memory, then an unlinked temporary file), `routes` (the router and handlers), `shutdown` (the accept
 //! loop and stopping), `errors` (every OpenAI error shape), `metrics`, `names` (OpenAI's model ids
 //! and voice names), `voices` (OpenAI's custom-voice API: consents and cloning), `wyoming` (Home
 //! Assistant's protocol on its own port).
@@ -25,6 +25,7 @@ mod routes;
 mod runner;
 mod schema;
 mod shutdown;
+mod spool;
 mod stream;
 mod voices;
 pub mod ws;

@@ -10,15 +10,15 @@ use axum::http::{StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use base64::Engine as _;
 use tokio::time::Instant;
 
 use super::admission::{check_host, check_key, cors};
 use super::errors::ApiError;
 use super::metrics::Metrics;
 use super::names::VoiceAliases;
-use super::runner::{TooLarge, Watched, code_cap, ended, refused};
+use super::runner::{TooLarge, code_cap, ended, refused, within_cap};
 use super::schema::{StreamFormat, check_content_type, parse_body, read_body};
+use super::spool::{self, Spool};
 use super::stream::{add_report_headers, response_stream};
 use super::voices::{self, Cloning};
 use super::{AppState, ServerConfig};
@@ -36,20 +36,31 @@ pub(super) fn build(synth: Arc<Synthesizer>, cfg: ServerConfig) -> (Router, Arc<
 }
 
 /// The front door every transport of one server shares, and the metrics that see each of its
-/// reports.
+/// requests.
 pub(super) fn front_door(synth: Arc<Synthesizer>, cfg: &ServerConfig) -> (Door, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
-    let m = metrics.clone();
-    let observer: crate::synth::door::Observer = Arc::new(move |r: &SynthesisReport| {
-        m.generated(
+    let observer = Arc::new(MetricsObserver(metrics.clone()));
+    (Door::observed(synth, cfg.limits(), Some(observer)), metrics)
+}
+
+/// Counts every request's generation and, for one that ended without its audio, why: here,
+/// whether or not its client still reads (a stream nobody reads still has its end counted).
+struct MetricsObserver(Arc<Metrics>);
+
+impl crate::synth::door::Observer for MetricsObserver {
+    fn report(&self, r: &SynthesisReport) {
+        self.0.generated(
             r.codes.len(),
             r.audio_seconds(),
             &r.timings,
             r.stop,
             r.npu_commands,
         );
-    });
-    (Door::observed(synth, cfg.limits(), Some(observer)), metrics)
+    }
+
+    fn ended(&self, ended: &crate::synth::Ended) {
+        self.0.dropped(super::runner::drop_reason(ended));
+    }
 }
 
 pub(super) fn build_with(
@@ -276,17 +287,25 @@ async fn speech_inner(
         codes: too_large.is_some(),
     };
     let (permit, events) = st.door.submit(req, opts).map_err(|r| refused(st, r))?;
-    let mut events = Watched::new(st.clone(), events);
+    let mut events = events;
 
     match stream {
         StreamFormat::None => {
-            let mut body = Vec::new();
+            // Spooled (memory, then an unlinked file) as it is made, sent from there once
+            // complete: a slow client holds disk, not the server's memory.
+            let failed = |e: std::io::Error| {
+                // The request is dropped with it: counted as its client gone.
+                tracing::warn!("spooling a response failed: {e}");
+                ApiError::internal(format!("spooling the response failed: {e}"))
+            };
+            let mut spool = Spool::for_response();
             let mut stopped = None;
-            loop {
+            let report = loop {
                 match events.recv().await {
-                    // A whole WAV, FLAC or MP3 comes as one chunk: keep it, do not copy it.
-                    Some(Event::Audio(b)) if body.is_empty() => body = b,
-                    Some(Event::Audio(b)) => body.extend_from_slice(&b),
+                    Some(Event::Audio(b)) => spool.append(b).await.map_err(failed)?,
+                    Some(Event::Patch { offset, bytes }) => {
+                        spool.patch(offset, bytes).await.map_err(failed)?
+                    }
                     Some(Event::Code { index, .. })
                         if too_large.is_some_and(|t| index >= t.codes) =>
                     {
@@ -294,28 +313,9 @@ async fn speech_inner(
                         permit.stop();
                     }
                     Some(Event::Done(result)) => {
-                        let report = ended(st, result, stopped).map_err(|e| {
+                        break ended(st, result, stopped).map_err(|e| {
                             e.unwrap_or_else(|| ApiError::unavailable("the client has gone"))
                         })?;
-                        st.metrics.request(200);
-                        drop(permit);
-                        let (body, ct) = if timing {
-                            // Kokoro-FastAPI's captioned speech shape: the audio in base64
-                            // beside its timing document.
-                            let doc = serde_json::json!({
-                                "audio": base64::engine::general_purpose::STANDARD.encode(&body),
-                                "content_type": content_type,
-                                "timing": report.timeline.to_value(),
-                            });
-                            (doc.to_string().into_bytes(), "application/json")
-                        } else {
-                            (body, content_type)
-                        };
-                        let mut r = Response::new(Body::from(body));
-                        r.headers_mut()
-                            .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(ct));
-                        add_report_headers(r.headers_mut(), &report);
-                        return Ok(r);
                     }
                     Some(_) => {}
                     None => {
@@ -324,7 +324,27 @@ async fn speech_inner(
                         ));
                     }
                 }
-            }
+            };
+            within_cap(st, &report, too_large)?;
+            st.metrics.request(200);
+            drop(permit);
+            let (len, body, ct) = if timing {
+                // Kokoro-FastAPI's captioned speech shape: the audio in base64 beside its
+                // timing document.
+                let (len, body) =
+                    spool::with_timing(spool, content_type, report.timeline.to_value());
+                (len, Body::from_stream(body), "application/json")
+            } else {
+                let len = spool.len();
+                (len, Body::from_stream(spool.into_stream()), content_type)
+            };
+            let mut r = Response::new(body);
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(ct));
+            r.headers_mut()
+                .insert(header::CONTENT_LENGTH, header::HeaderValue::from(len));
+            add_report_headers(r.headers_mut(), &report);
+            Ok(r)
         }
         StreamFormat::Audio | StreamFormat::Sse => {
             let sse = stream == StreamFormat::Sse;

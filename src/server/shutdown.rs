@@ -122,6 +122,7 @@ async fn serve_all(
             listener,
             door.clone(),
             aliases,
+            cfg.request_timeout,
             stop_rx.clone(),
         ))
     });
@@ -133,7 +134,10 @@ async fn serve_all(
         }
     };
     if let Some(w) = wyoming {
-        let _ = w.await;
+        // Its connections end once their syntheses do (cancelled below at the latest).
+        if tokio::time::timeout(SHUTDOWN_DRAIN, w).await.is_err() {
+            tracing::warn!("Wyoming connections still open after the drain; closing them");
+        }
     }
     // Whatever still runs (a Wyoming request the HTTP side never saw) is cancelled; the engine
     // goes idle before the synthesizer is dropped.
@@ -204,8 +208,16 @@ async fn serve_with(
     let _ = stop_tx.send(true);
     // Owns the connections: dropping it aborts whatever is still open.
     let mut all_closed = Box::pin(async move { while connections.join_next().await.is_some() {} });
+    // In-flight work is HTTP's connections and every request still admitted at the door: a
+    // WebSocket session left its connection when it upgraded, and Wyoming's requests share the
+    // door. Both get the grace.
+    let door = state.door.clone();
+    let idle = async move {
+        let _ = tokio::task::spawn_blocking(move || door.wait_idle(grace)).await;
+    };
     let closed_in_grace = tokio::select! {
-        _ = &mut all_closed => true,
+        _ = async { (&mut all_closed).await; idle.await } => state.door.load().running == 0
+            && state.door.load().queued == 0,
         _ = tokio::time::sleep(grace) => false,
     };
     if !closed_in_grace {

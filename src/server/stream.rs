@@ -9,8 +9,8 @@ use base64::Engine as _;
 use std::sync::Arc;
 
 use super::AppState;
-use super::runner::{Watched, ended};
-use crate::synth::{Event, Permit, SynthesisReport};
+use super::runner::ended;
+use crate::synth::{Event, Events, Permit, SynthesisReport};
 
 pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -56,7 +56,7 @@ pub(super) fn add_report_headers(h: &mut HeaderMap, report: &SynthesisReport) {
 /// went away) drops the permit, which cancels the request.
 pub(super) fn response_stream(
     st: Arc<AppState>,
-    events: Watched,
+    events: Events,
     permit: Permit,
     sse: bool,
     timing: bool,

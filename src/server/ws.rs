@@ -12,11 +12,13 @@
 //! request: the same keys, limits, queue bound and deadline.
 //!
 //! Backpressure both ways: audio goes out as the client reads it (a client that stops reading
-//! stops the generation), and text waits in a bounded queue of sentences (a client that writes
-//! faster than speech is made is read no faster). A bad message gets an `error` event and a close
-//! code that names the fault.
+//! stops the generation); the socket is read all the time (pings are answered, a client that
+//! leaves is seen at once), and the text waiting to be spoken may not exceed `max_input_chars`.
+//! A bad message gets an `error` event and a close code that names the fault. A browser page may
+//! open the socket only from this server's own origin or a `--cors-origin` one.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -28,9 +30,9 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use super::errors::ApiError;
-use super::runner::{Watched, ended, refused};
+use super::runner::{ended, refused, submit_in_turn};
 use super::schema::parse_body;
-use crate::synth::{Event, SpeechRequest, Submit};
+use crate::synth::{Event, Refusal, SpeechRequest, Submit};
 use crate::text::SentenceStream;
 
 /// Close codes (RFC 6455 7.4.1) and what they mean here.
@@ -53,77 +55,127 @@ pub mod close {
     pub const TRY_AGAIN: u16 = 1013;
 }
 
-/// Complete sentences that may wait to be spoken: past them the socket is read no further.
-const SENTENCES_WAITING: usize = 8;
-
-/// What the reader hands the speaker.
+/// What the reader hands the speaker, in order.
 enum Work {
     Speak(String),
     /// The client is done: close normally once everything before this is spoken.
     Done,
+}
+
+/// How the reader ends a session at once, whatever is still queued or being spoken.
+enum End {
+    /// The client closed the socket or it failed: nobody reads the rest.
+    Gone,
     /// End with an error event and this close code.
     Fail(u16, ApiError),
 }
 
-/// The upgrade handler. The key check and Host check ran before it, as for every route.
+/// The upgrade handler. The key check and Host check ran before it, as for every route; the
+/// Origin check is this route's own (below).
 pub(super) async fn upgrade(
     State(st): State<Arc<AppState>>,
+    headers: axum::http::HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let refuse = |e: ApiError| {
+        st.metrics.rejected(e.code);
+        st.metrics.request(e.status.as_u16());
+        axum::response::IntoResponse::into_response(e)
+    };
     let ws = match ws {
         Ok(ws) => ws,
         Err(e) => {
-            let e = ApiError::upgrade_required(
+            return refuse(ApiError::upgrade_required(
                 e.status(),
                 format!(
                     "{}: this route speaks WebSocket (docs/api.md)",
                     e.body_text()
                 ),
-            );
-            st.metrics.rejected(e.code);
-            return axum::response::IntoResponse::into_response(e);
+            ));
         }
     };
+    if let Some(origin) = headers.get(axum::http::header::ORIGIN)
+        && !origin_allowed(origin, &headers, &st.cfg.cors_origins)
+    {
+        return refuse(ApiError::forbidden_origin(
+            origin.to_str().unwrap_or("(not text)"),
+        ));
+    }
     if st.shutting_down() {
-        return axum::response::IntoResponse::into_response(ApiError::shutting_down());
+        return refuse(ApiError::shutting_down());
     }
     ws.max_message_size(st.cfg.max_body_bytes)
         .on_upgrade(move |socket| session(st, socket))
 }
 
+/// A WebSocket has no CORS preflight and a page may read its replies from any origin, so a
+/// browser's upgrade (it always sends `Origin`) is let through only from this server's own
+/// origin (the Host it was reached by) or one of `--cors-origin`; clients that are not browsers
+/// send no Origin.
+fn origin_allowed(
+    origin: &axum::http::HeaderValue,
+    headers: &axum::http::HeaderMap,
+    allowed: &[String],
+) -> bool {
+    let Ok(origin) = origin.to_str() else {
+        return false;
+    };
+    let origin = origin.trim_end_matches('/');
+    if allowed
+        .iter()
+        .any(|a| a == "*" || a.trim_end_matches('/').eq_ignore_ascii_case(origin))
+    {
+        return true;
+    }
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    let own = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    matches!((own, host), (Some(o), Some(h)) if o.eq_ignore_ascii_case(h))
+}
+
 async fn session(st: Arc<AppState>, socket: WebSocket) {
     let (mut tx, mut rx) = socket.split();
-    let (work_tx, mut work_rx) = mpsc::channel::<Work>(SENTENCES_WAITING);
+    let (work_tx, mut work_rx) = mpsc::unbounded_channel::<Work>();
+    let (end_tx, mut end_rx) = tokio::sync::oneshot::channel::<End>();
     let (template_tx, template_rx) = tokio::sync::watch::channel(None::<SpeechRequest>);
-    let reader_st = st.clone();
-    let reader = tokio::spawn(async move {
+    let queued = Arc::new(AtomicUsize::new(0));
+    let reader = {
         let mut reader = Reader {
-            st: reader_st,
+            st: st.clone(),
             text: SentenceStream::default(),
             template: None,
             template_tx,
             work: work_tx,
+            queued: queued.clone(),
+            done: false,
         };
-        reader.run(&mut rx).await;
-    });
+        tokio::spawn(async move {
+            let end = reader.run(&mut rx).await;
+            let _ = end_tx.send(end);
+        })
+    };
     let mut shutdown = st.stopping.subscribe();
     let mut index = 0usize;
     let end = loop {
         let work = tokio::select! {
             w = work_rx.recv() => w,
+            e = &mut end_rx => break ending(e),
             _ = shutdown.wait_for(|s| *s) => {
                 break (close::GOING_AWAY, Some(ApiError::shutting_down()));
             }
         };
         match work {
             Some(Work::Speak(text)) => {
+                queued.fetch_sub(text.chars().count(), Ordering::SeqCst);
                 let Some(template) = template_rx.borrow().clone() else {
                     continue;
                 };
-                match speak(&st, &mut tx, template, text, index).await {
+                match speak(&st, &mut tx, &mut end_rx, template, text, index).await {
                     Ok(()) => index += 1,
                     Err(Some((code, e))) => break (code, Some(e)),
-                    // The client has gone.
                     Err(None) => break (close::NORMAL, None),
                 }
             }
@@ -132,8 +184,8 @@ async fn session(st: Arc<AppState>, socket: WebSocket) {
                     send_json(&mut tx, json!({"type": "speech.done", "sentences": index})).await;
                 break (close::NORMAL, None);
             }
-            Some(Work::Fail(code, e)) => break (code, Some(e)),
-            None => break (close::NORMAL, None),
+            // The reader has ended; its reason is on `end_rx`.
+            None => break ending((&mut end_rx).await),
         }
     };
     reader.abort();
@@ -157,6 +209,14 @@ async fn session(st: Arc<AppState>, socket: WebSocket) {
         .await;
 }
 
+/// The close code and error a reader's end calls for (none: the client is gone).
+fn ending(end: Result<End, tokio::sync::oneshot::error::RecvError>) -> (u16, Option<ApiError>) {
+    match end {
+        Ok(End::Fail(code, e)) => (code, Some(e)),
+        Ok(End::Gone) | Err(_) => (close::NORMAL, None),
+    }
+}
+
 /// A close reason is at most 123 bytes.
 fn truncate(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
@@ -173,11 +233,13 @@ where
     tx.send(Message::Text(v.to_string().into())).await
 }
 
-/// Speaks one sentence through the front door, its audio going out as binary frames. `Err(None)`:
-/// the client has gone; `Err(Some)`: end the session with this close code and error.
+/// Speaks one sentence through the front door, its audio going out as binary frames as the
+/// client reads them. `Err(None)`: the client has gone; `Err(Some)`: end the session with this
+/// close code and error. A later sentence waits for room at the door rather than be refused.
 async fn speak<S>(
     st: &Arc<AppState>,
     tx: &mut S,
+    end: &mut tokio::sync::oneshot::Receiver<End>,
     template: SpeechRequest,
     text: String,
     index: usize,
@@ -191,18 +253,20 @@ where
         deadline: Some(std::time::Instant::now() + st.cfg.request_timeout),
         codes: false,
     };
-    let (permit, events) = st.door.submit(req, opts).map_err(|r| {
-        let busy = matches!(r, crate::synth::Refusal::Busy { .. });
-        let closed = matches!(r, crate::synth::Refusal::Closed);
-        let e = refused(st, r);
-        let code = match () {
-            _ if busy => close::TRY_AGAIN,
-            _ if closed => close::GOING_AWAY,
-            _ => close::INVALID,
+    let submitted = if index == 0 {
+        st.door.submit(req, opts)
+    } else {
+        submit_in_turn(&st.door, req, opts).await
+    };
+    let (permit, events) = submitted.map_err(|r| {
+        let code = match r {
+            Refusal::Busy { .. } => close::TRY_AGAIN,
+            Refusal::Closed => close::GOING_AWAY,
+            Refusal::Invalid(_) => close::INVALID,
         };
-        Some((code, e))
+        Some((code, refused(st, r)))
     })?;
-    let mut events = Watched::new(st.clone(), events);
+    let mut events = events;
     send_json(
         tx,
         json!({"type": "speech.sentence.start", "index": index, "text": sentence}),
@@ -210,7 +274,16 @@ where
     .await
     .map_err(|_| None)?;
     loop {
-        match events.recv().await {
+        let event = tokio::select! {
+            e = events.recv() => e,
+            // The client left or broke the protocol mid-sentence: the permit goes, and with it
+            // the synthesis.
+            e = &mut *end => {
+                let (code, error) = ending(e);
+                return Err(error.map(|e| (code, e)));
+            }
+        };
+        match event {
             Some(Event::Audio(b)) => tx.send(Message::Binary(b.into())).await.map_err(|_| None)?,
             // Where the sentence's pieces lie in its audio (word times estimated).
             Some(Event::Timing(t)) => send_json(
@@ -236,6 +309,7 @@ where
                     }
                     Err(None) => Err(None),
                     Err(Some(e)) => {
+                        st.metrics.request(e.status.as_u16());
                         let code = match e.code {
                             "shutting_down" => close::GOING_AWAY,
                             _ if e.status.is_client_error() => close::INVALID,
@@ -256,40 +330,55 @@ where
     }
 }
 
-/// Reads the client's messages into sentences for the speaker.
+/// Reads the client's messages into sentences for the speaker. It reads all the time, so pings
+/// are answered and a client that leaves is seen at once, even while sentences wait; what may
+/// wait is bounded instead (the text queued and pending within `max_input_chars`).
 struct Reader {
     st: Arc<AppState>,
     text: SentenceStream,
     template: Option<SpeechRequest>,
     template_tx: tokio::sync::watch::Sender<Option<SpeechRequest>>,
-    work: mpsc::Sender<Work>,
+    work: mpsc::UnboundedSender<Work>,
+    /// Characters of the sentences queued and not yet taken by the speaker.
+    queued: Arc<AtomicUsize>,
+    /// `input_text.done` came: later text is refused, the socket is still read.
+    done: bool,
 }
 
 impl Reader {
-    async fn run(&mut self, rx: &mut futures_util::stream::SplitStream<WebSocket>) {
-        while let Some(msg) = rx.next().await {
-            let step = match msg {
-                Ok(Message::Text(t)) => self.message(t.as_str()).await,
-                Ok(Message::Binary(_)) => Err((
+    async fn run(&mut self, rx: &mut futures_util::stream::SplitStream<WebSocket>) -> End {
+        // A client with nothing to say for a request's whole deadline (no text, no ping) has
+        // gone quiet for good; once it is done, the session ends with the speech instead.
+        let idle = self.st.cfg.request_timeout;
+        loop {
+            let next = if self.done {
+                rx.next().await
+            } else {
+                match tokio::time::timeout(idle, rx.next()).await {
+                    Ok(m) => m,
+                    Err(_) => {
+                        return End::Fail(close::POLICY, ApiError::timed_out(idle));
+                    }
+                }
+            };
+            let step = match next {
+                Some(Ok(Message::Text(t))) => self.message(t.as_str()),
+                Some(Ok(Message::Binary(_))) => Err((
                     close::UNSUPPORTED,
                     ApiError::invalid_type("messages are JSON text frames, not binary"),
                 )),
-                Ok(Message::Close(_)) | Err(_) => return,
-                Ok(_) => Ok(true),
+                Some(Ok(Message::Close(_)) | Err(_)) | None => return End::Gone,
+                // Pings are answered by the socket itself as it is read.
+                Some(Ok(_)) => Ok(()),
             };
-            match step {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err((code, e)) => {
-                    let _ = self.work.send(Work::Fail(code, e)).await;
-                    return;
-                }
+            if let Err((code, e)) = step {
+                return End::Fail(code, e);
             }
         }
     }
 
-    /// One message; `Ok(false)` once the client said it is done.
-    async fn message(&mut self, text: &str) -> Result<bool, (u16, ApiError)> {
+    /// One message.
+    fn message(&mut self, text: &str) -> Result<(), (u16, ApiError)> {
         let invalid = |m: String| (close::INVALID, ApiError::invalid_type(m));
         let v: Value =
             serde_json::from_str(text).map_err(|e| (close::INVALID, ApiError::invalid_json(e)))?;
@@ -297,6 +386,12 @@ impl Reader {
             .get("type")
             .and_then(Value::as_str)
             .ok_or_else(|| invalid("a message needs a \"type\"".into()))?;
+        if self.done {
+            return Err((
+                close::POLICY,
+                ApiError::invalid_value("type", format!("{kind} after input_text.done")),
+            ));
+        }
         match kind {
             "session.update" => {
                 if self.template.is_some() {
@@ -308,8 +403,7 @@ impl Reader {
                         ),
                     ));
                 }
-                self.set_template(v)?;
-                Ok(true)
+                self.set_template(v)
             }
             "input_text.append" => {
                 let chunk = v
@@ -319,27 +413,23 @@ impl Reader {
                 if self.template.is_none() {
                     self.set_template(json!({}))?;
                 }
-                let sentences = self.text.push(chunk);
-                if let Err(e) = self.st.door.limits().check_text(self.text.pending()) {
-                    return Err((close::TOO_BIG, ApiError::from(e)));
+                for sentence in self.text.push(chunk) {
+                    self.hand_on(Work::Speak(sentence))?;
                 }
-                for s in sentences {
-                    self.hand_on(Work::Speak(s)).await?;
-                }
-                Ok(true)
+                self.within_limit("")
             }
             "input_text.flush" => {
                 if let Some(rest) = self.text.finish() {
-                    self.hand_on(Work::Speak(rest)).await?;
+                    self.hand_on(Work::Speak(rest))?;
                 }
-                Ok(true)
+                Ok(())
             }
             "input_text.done" => {
                 if let Some(rest) = self.text.finish() {
-                    self.hand_on(Work::Speak(rest)).await?;
+                    self.hand_on(Work::Speak(rest))?;
                 }
-                self.hand_on(Work::Done).await?;
-                Ok(false)
+                self.done = true;
+                self.hand_on(Work::Done)
             }
             other => Err((
                 close::POLICY,
@@ -353,6 +443,23 @@ impl Reader {
         }
     }
 
+    /// The text waiting to be spoken (queued sentences, the pending one, and `more`) is within
+    /// the input limit: a client that writes faster than speech is made is stopped here, not by
+    /// the server's memory.
+    fn within_limit(&self, more: &str) -> Result<(), (u16, ApiError)> {
+        let limits = self.st.door.limits();
+        let waiting = self.queued.load(Ordering::SeqCst)
+            + self.text.pending().chars().count()
+            + more.chars().count();
+        if waiting > limits.max_input_chars {
+            return Err((
+                close::TOO_BIG,
+                ApiError::input_too_long(waiting, limits.max_input_chars),
+            ));
+        }
+        Ok(())
+    }
+
     /// The session's settings: the speech body's fields, checked exactly as a POST's are.
     fn set_template(&mut self, mut v: Value) -> Result<(), (u16, ApiError)> {
         let Some(obj) = v.as_object_mut() else {
@@ -362,6 +469,8 @@ impl Reader {
             ));
         };
         obj.remove("type");
+        // Timing always comes (speech.timing events): the field is accepted and changes nothing.
+        obj.remove("timing");
         if obj.contains_key("input") || obj.contains_key("stream_format") {
             return Err((
                 close::INVALID,
@@ -381,9 +490,14 @@ impl Reader {
         Ok(())
     }
 
-    /// Waits while the speaker is behind: the socket is not read meanwhile.
-    async fn hand_on(&self, work: Work) -> Result<(), (u16, ApiError)> {
-        self.work.send(work).await.map_err(|_| {
+    /// Queues work for the speaker (a sentence counted against the limit).
+    fn hand_on(&self, work: Work) -> Result<(), (u16, ApiError)> {
+        if let Work::Speak(sentence) = &work {
+            self.within_limit(sentence)?;
+            self.queued
+                .fetch_add(sentence.chars().count(), Ordering::SeqCst);
+        }
+        self.work.send(work).map_err(|_| {
             (
                 close::INTERNAL,
                 ApiError::unavailable("the session has ended"),

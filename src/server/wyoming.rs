@@ -171,6 +171,8 @@ struct Shared {
     door: Door,
     synth: Arc<Synthesizer>,
     aliases: VoiceAliases,
+    /// Each synthesis's deadline, as an HTTP request's (`request_timeout`).
+    request_timeout: std::time::Duration,
 }
 
 /// Serves Wyoming on `listener` through `door` until `shutdown` turns true: then stops
@@ -179,12 +181,14 @@ pub async fn serve(
     listener: TcpListener,
     door: Door,
     aliases: VoiceAliases,
+    request_timeout: std::time::Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let shared = Arc::new(Shared {
         synth: door.synth().clone(),
         door,
         aliases,
+        request_timeout,
     });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "Wyoming listening");
@@ -215,6 +219,8 @@ pub async fn serve(
 struct Streaming {
     voice: String,
     text: SentenceStream,
+    /// Sentences spoken so far: a later one waits for room at the door instead of being refused.
+    spoken: usize,
 }
 
 async fn connection(
@@ -285,7 +291,7 @@ async fn handle<W: AsyncWrite + Unpin>(
                 return send_error(w, "synthesize needs \"text\"", "missing_text").await;
             };
             match pick_voice(shared, event.data.get("voice")) {
-                Ok(voice) => speak(shared, w, text, voice, shutdown).await,
+                Ok(voice) => speak(shared, w, text, voice, shutdown, false).await,
                 Err(e) => send_error(w, &e.message, e.code).await,
             }
         }
@@ -294,6 +300,7 @@ async fn handle<W: AsyncWrite + Unpin>(
                 *streaming = Some(Streaming {
                     voice,
                     text: SentenceStream::default(),
+                    spoken: 0,
                 });
                 Ok(())
             }
@@ -319,7 +326,9 @@ async fn handle<W: AsyncWrite + Unpin>(
             }
             let voice = s.voice.clone();
             for sentence in sentences {
-                speak(shared, w, sentence, voice.clone(), shutdown).await?;
+                let in_turn = s.spoken > 0;
+                s.spoken += 1;
+                speak(shared, w, sentence, voice.clone(), shutdown, in_turn).await?;
             }
             Ok(())
         }
@@ -330,7 +339,7 @@ async fn handle<W: AsyncWrite + Unpin>(
             };
             let mut s = s;
             if let Some(rest) = s.text.finish() {
-                speak(shared, w, rest, s.voice, shutdown).await?;
+                speak(shared, w, rest, s.voice, shutdown, s.spoken > 0).await?;
             }
             write_event(w, "synthesize-stopped", Value::Null, &[]).await
         }
@@ -421,6 +430,7 @@ async fn speak<W: AsyncWrite + Unpin>(
     text: String,
     voice: String,
     shutdown: &mut watch::Receiver<bool>,
+    in_turn: bool,
 ) -> std::io::Result<()> {
     let rate = CODEC_SAMPLE_RATE;
     let req = SpeechRequest {
@@ -435,7 +445,17 @@ async fn speak<W: AsyncWrite + Unpin>(
         ..SpeechRequest::default()
     };
     // Dropping the permit (this future dropped, the connection failed) cancels the synthesis.
-    let (permit, mut events) = match shared.door.submit(req, Submit::default()) {
+    let opts = Submit {
+        deadline: Some(std::time::Instant::now() + shared.request_timeout),
+        codes: false,
+    };
+    // A later sentence of a stream waits for room rather than leave a gap in the speech.
+    let submitted = if in_turn {
+        super::runner::submit_in_turn(&shared.door, req, opts).await
+    } else {
+        shared.door.submit(req, opts)
+    };
+    let (permit, mut events) = match submitted {
         Ok(p) => p,
         Err(Refusal::Busy { queue_depth }) => {
             let msg = format!(

@@ -217,13 +217,14 @@ impl SpeechCodes {
 
     /// Decodes the codes into `output`'s format through the synthesis's audio stage, in the
     /// recorded decoding mode. `output.streaming` only decides the container's header (a streamed
-    /// WAV has an unknown length). `sink` gets the bytes in order and may stop.
+    /// WAV has an unknown length). `sink` gets the bytes in order ([`SynthEvent::Audio`]), then a
+    /// whole file's [`SynthEvent::Patch`]es, and may stop.
     pub fn decode(
         &self,
         codec: &CodecPool,
         codec_rate: u32,
         output: &OutputSpec,
-        sink: &mut dyn FnMut(&[u8]) -> ControlFlow<()>,
+        sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
     ) -> Result<AudioTally, SynthError> {
         if self.sample_rate != codec_rate {
             return Err(SynthError::Codes(CodesError::SampleRate {
@@ -241,7 +242,7 @@ impl SpeechCodes {
             Instant::now(),
         )?;
         let mut events = |ev: SynthEvent<'_>| match ev {
-            SynthEvent::Audio(bytes) => sink(bytes),
+            SynthEvent::Audio(_) | SynthEvent::Patch { .. } => sink(ev),
             _ => ControlFlow::Continue(()),
         };
         for (i, piece) in self.pieces.iter().enumerate() {

@@ -148,6 +148,12 @@ pub enum Event {
     },
     /// Encoded audio, in order.
     Audio(Vec<u8>),
+    /// Bytes that overwrite the output at `offset`, after the last `Audio` (a whole file's
+    /// front, once its end is known: [`SynthEvent::Patch`]).
+    Patch {
+        offset: u64,
+        bytes: Vec<u8>,
+    },
     /// A piece's place in the audio, once its audio has gone out.
     Timing(PieceTiming),
     Done(Result<Box<SynthesisReport>, Ended>),
@@ -197,13 +203,20 @@ struct State {
     inflight: HashMap<u64, Arc<Control>>,
 }
 
-/// Sees every report a request made (cancelled ones included) while the request still holds its
-/// place, so whoever sees the place free sees the report counted.
-pub type Observer = Arc<dyn Fn(&SynthesisReport) + Send + Sync>;
+/// Sees how every admitted request went, whatever its transport and whether or not its consumer
+/// still reads (the server's metrics).
+pub trait Observer: Send + Sync {
+    /// Every report a request made (cancelled ones included), while the request still holds its
+    /// place: whoever sees the place free sees the report counted.
+    fn report(&self, report: &SynthesisReport);
+    /// A request that ended without its whole result, once its place is free: whoever sees the
+    /// reason sees the place free.
+    fn ended(&self, ended: &Ended);
+}
 
 struct Shared {
     synth: Arc<Synthesizer>,
-    observer: Option<Observer>,
+    observer: Option<Arc<dyn Observer>>,
     limits: Limits,
     places: usize,
     state: Mutex<State>,
@@ -231,7 +244,11 @@ impl Door {
     }
 
     /// A door whose every report is shown to `observer` first (the server's metrics).
-    pub fn observed(synth: Arc<Synthesizer>, limits: Limits, observer: Option<Observer>) -> Self {
+    pub fn observed(
+        synth: Arc<Synthesizer>,
+        limits: Limits,
+        observer: Option<Arc<dyn Observer>>,
+    ) -> Self {
         let places = synth.max_batch().max(1);
         Self(Arc::new(Shared {
             synth,
@@ -285,6 +302,8 @@ impl Door {
             }
             st.admitted += 1;
             st.inflight.insert(id, control.clone());
+            // In line from admission: places go in the order requests were admitted.
+            st.line.push_back(id);
         }
         if let Some(at) = deadline {
             self.0.timer.add(at, id, &control);
@@ -352,6 +371,10 @@ impl Door {
                     SynthEvent::Audio([]) => return ControlFlow::Continue(()),
                     SynthEvent::Audio(b) => Event::Audio(b.to_vec()),
                     SynthEvent::Timing(t) => Event::Timing(t.clone()),
+                    SynthEvent::Patch { offset, bytes } => Event::Patch {
+                        offset,
+                        bytes: bytes.to_vec(),
+                    },
                 };
                 if send_or_cancel(&tx, event, &token) {
                     ControlFlow::Continue(())
@@ -364,7 +387,20 @@ impl Door {
                 // A consumer that has gone is found at the first event.
                 let _ = tx.try_send(Event::Running);
             };
-            let result = ticket.run_with(&mut sink, on_place);
+            let door = ticket.door.clone();
+            // A panic inside the synthesis still ends the request (its place is freed as the
+            // ticket unwinds), counted and answered like any failure.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                ticket.run_with(&mut sink, on_place)
+            }))
+            .unwrap_or_else(|_| {
+                Err(Ended::Failed(SynthError::Engine(
+                    crate::engine::EngineError::Unavailable(
+                        "the request's synthesis panicked".into(),
+                    ),
+                )))
+            });
+            door.observe_end(&result);
             // The consumer may be gone; then nobody is left to tell.
             let _ = tx.blocking_send(Event::Done(result.map(Box::new)));
         };
@@ -377,6 +413,13 @@ impl Door {
                 )))
             })?;
         Ok((permit, Events(rx)))
+    }
+
+    /// Tells the observer how a request ended, once its ticket (and place) is gone.
+    fn observe_end<T>(&self, result: &Result<T, Ended>) {
+        if let (Err(e), Some(observer)) = (result, &self.0.observer) {
+            observer.ended(e);
+        }
     }
 
     /// Refuses every request from now on (already admitted ones go on).
@@ -466,7 +509,10 @@ impl Ticket {
         self,
         sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
     ) -> Result<SynthesisReport, Ended> {
-        self.run_with(sink, |_| {})
+        let door = self.door.clone();
+        let result = self.run_with(sink, |_| {});
+        door.observe_end(&result);
+        result
     }
 
     fn run_with(
@@ -487,8 +533,8 @@ impl Ticket {
             .0
             .synth
             .synthesize(&self.req, &self.control.token, sink);
-        if let (Ok(report), Some(observe)) = (&result, &self.door.0.observer) {
-            observe(report);
+        if let (Ok(report), Some(observer)) = (&result, &self.door.0.observer) {
+            observer.report(report);
         }
         match result {
             Ok(report) if report.stop == StopReason::Cancelled => Err(Ended::Cancelled {
@@ -525,8 +571,16 @@ impl Ticket {
             }
         });
         let mut st = shared.lock();
-        st.line.push_back(self.id);
         loop {
+            if self.deadline.is_some_and(|at| Instant::now() >= at)
+                && !self.control.token.is_cancelled()
+            {
+                // The timer's job, done here should it be late or missing; outside the lock,
+                // which the cancel hook takes.
+                drop(st);
+                self.control.stop(Cause::Deadline);
+                st = shared.lock();
+            }
             if self.control.token.is_cancelled() {
                 st.line.retain(|&id| id != self.id);
                 drop(st);
@@ -544,7 +598,7 @@ impl Ticket {
                 return Ok(());
             }
             st = match self.deadline {
-                // The timer cancels at the deadline; this wait is only a backstop.
+                // The timer cancels at the deadline; this wait wakes for it too.
                 Some(at) => {
                     let left = at
                         .saturating_duration_since(Instant::now())
@@ -575,8 +629,11 @@ impl Drop for Ticket {
             }
             st.admitted -= 1;
             st.inflight.remove(&self.id);
+            // Never run (refused to start, or dropped): out of the line.
+            st.line.retain(|&id| id != self.id);
         }
         shared.changed.notify_all();
+        self.control.running.store(false, Ordering::SeqCst);
     }
 }
 
@@ -650,8 +707,8 @@ impl Timer {
             stop: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&timer);
-        // A door that cannot start its timer still works; deadlines then end requests only as
-        // the line's backstop and the transports' own timeouts see them.
+        // A door that cannot start its timer still works: a waiting request sees its deadline
+        // itself; a running one ends at the transport's own timeouts.
         if let Err(e) = std::thread::Builder::new()
             .name("onebit-deadlines".into())
             .spawn(move || Self::run(weak))

@@ -162,6 +162,12 @@ pub enum SynthEvent<'a> {
     /// `Audio` events before this one, so a streaming consumer can send each piece's captions as
     /// its audio goes (a whole file's container may hold bytes back until its end).
     Timing(&'a PieceTiming),
+    /// Bytes that overwrite the output at `offset` (counted from its first byte), sent after the
+    /// last `Audio`: a whole (not streamed) WAV, FLAC or MP3 says at its front what only its end
+    /// knows (length, STREAMINFO, Info tag), so a placeholder of the same size goes out first
+    /// and this replaces it. Whoever keeps the bytes applies it ([`crate::audio::apply_patch`]
+    /// for a `Vec`); a streamed response never has one.
+    Patch { offset: u64, bytes: &'a [u8] },
 }
 
 /// What one request produced.

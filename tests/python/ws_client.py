@@ -8,7 +8,7 @@ tests/openai_sdk.rs starts the server on the tiny package (with an API key) and 
 Checks: a sentence written in 10 chunks, as a language model writes it, whose first sentence's
 audio arrives before the last chunk is sent; every sentence's PCM is exactly its codes (480
 samples of 16-bit mono each); `speech.done` then a normal close (1000); `input_text.flush`
-speaks a sentence with no end mark; WAV sessions give one complete WAV per sentence; and bad
+speaks a sentence with no end mark; each sentence's `speech.timing` (its codes x 20 ms); WAV sessions give one complete WAV per sentence; and bad
 messages end the session with an `error` event and the close code that names the fault (1007
 not JSON or a bad field, 1008 an unknown type, 1003 a binary frame, 1009 text over the input
 limit); no key is a 401 before the upgrade. Prints one line per check, then "N passed,
@@ -89,13 +89,21 @@ def main():
         kinds = [e["type"] for e in evs]
         assert kinds == [
             "speech.sentence.start",
+            "speech.timing",
             "speech.sentence.done",
             "speech.sentence.start",
+            "speech.timing",
             "speech.sentence.done",
             "speech.done",
         ], kinds
         assert evs[0]["text"] == "The first sentence is here, spoken early.", evs[0]
-        assert evs[2]["text"] == "The second one follows it to the end.", evs[2]
+        assert evs[3]["text"] == "The second one follows it to the end.", evs[3]
+        # Each sentence's timing: one piece from 0, its codes x 20 ms, words estimated.
+        for t, done in ((evs[1], evs[2]), (evs[4], evs[5])):
+            piece = t["piece"]
+            assert t["words_estimated"] is True, t
+            assert piece["start"] == 0.0 and piece["codes"] == done["codes"], (t, done)
+            assert abs(piece["end"] - done["codes"] * 0.02) < 1e-9, (t, done)
         # Each sentence's binary frames lie between its start and done, and are its codes.
         per = []
         for m in got:
@@ -103,7 +111,7 @@ def main():
                 per.append(0)
             elif isinstance(m, bytes):
                 per[-1] += len(m)
-        codes = [evs[1]["codes"], evs[3]["codes"]]
+        codes = [evs[2]["codes"], evs[5]["codes"]]
         assert per == [c * BYTES_PER_CODE for c in codes], (per, codes)
         assert all(c > 0 for c in codes), codes
         return f"first audio before chunk {second_starts + 2} of 10; codes {codes}"

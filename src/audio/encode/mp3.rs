@@ -7,6 +7,8 @@ use mp3lame_encoder::{Bitrate, Builder, FlushGap, Mode, MonoPcm, Quality};
 use crate::audio::AudioError;
 use crate::audio::format::AudioFormat;
 
+use super::{Finished, Patch};
+
 /// Rates an MP3 stream can carry; LAME resamples other input rates to one of these.
 const MP3_RATES: [u32; 9] = [8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000];
 
@@ -42,8 +44,9 @@ fn mp3_err(message: &str, e: impl std::error::Error + Send + Sync + 'static) -> 
 pub(super) struct Mp3Encoder {
     encoder: mp3lame_encoder::Encoder,
     streaming: bool,
-    /// Whole mode: everything, so the Info tag can be patched into the first frame at the end.
-    held: Vec<u8>,
+    /// Bytes handed out so far: whole mode patches the Info tag over the first frame only when
+    /// that frame is all there.
+    sent: u64,
 }
 
 impl Mp3Encoder {
@@ -64,15 +67,16 @@ impl Mp3Encoder {
             .map_err(|e| mp3_err("bitrate", e))?;
         b.set_quality(MP3_QUALITY)
             .map_err(|e| mp3_err("quality", e))?;
-        // The Info tag can only be filled in once the stream has ended; a streamed placeholder
-        // would stay empty, so streams go without it.
+        // With the tag on, LAME's first frame is a placeholder of `lame_tag_size()` bytes that
+        // can only be filled in once the stream has ended; a streamed placeholder would stay
+        // empty, so streams go without it.
         b.set_to_write_vbr_tag(!streaming)
             .map_err(|e| mp3_err("info tag", e))?;
         let encoder = b.build().map_err(|e| mp3_err("init", e))?;
         Ok(Self {
             encoder,
             streaming,
-            held: Vec::new(),
+            sent: 0,
         })
     }
 
@@ -85,29 +89,74 @@ impl Mp3Encoder {
                 .encode_to_vec(MonoPcm(piece), &mut out)
                 .map_err(|e| mp3_err("encode", e))?;
         }
-        if self.streaming {
-            Ok(out)
-        } else {
-            self.held.extend(out);
-            Ok(Vec::new())
-        }
+        self.sent += out.len() as u64;
+        Ok(out)
     }
 
-    pub(super) fn finish(mut self) -> Result<Vec<u8>, AudioError> {
-        let mut out = std::mem::take(&mut self.held);
-        out.reserve(7200);
+    pub(super) fn finish(mut self) -> Result<Finished, AudioError> {
+        let mut tail = Vec::with_capacity(7200);
         self.encoder
-            .flush_to_vec::<FlushGap>(&mut out)
+            .flush_to_vec::<FlushGap>(&mut tail)
             .map_err(|e| mp3_err("flush", e))?;
+        let mut done = Finished::tail(tail);
         if !self.streaming {
             let mut tag = Vec::with_capacity(self.encoder.lame_tag_size());
             if self.encoder.lame_tag_encode_to_vec(&mut tag).is_some() {
-                let at = self.encoder.id3v2_tag_size();
-                if let Some(first_frame) = out.get_mut(at..at + tag.len()) {
-                    first_frame.copy_from_slice(&tag);
+                // Over LAME's placeholder frame, which follows the ID3v2 tag (if any).
+                let at = self.encoder.id3v2_tag_size() as u64;
+                let total = self.sent + done.tail.len() as u64;
+                if at + tag.len() as u64 <= total {
+                    done.patches.push(Patch {
+                        offset: at,
+                        bytes: tag,
+                    });
                 }
             }
         }
-        Ok(out)
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What whole-mode MP3 was before it was made progressively: every byte held, the tag
+    /// copied over the first frame at the end.
+    fn held(rate: u32, pieces: &[&[f32]]) -> Vec<u8> {
+        let mut e = Mp3Encoder::new(rate, false).unwrap();
+        let mut out = Vec::new();
+        for p in pieces {
+            out.extend(e.push(p).unwrap());
+        }
+        e.encoder.flush_to_vec::<FlushGap>(&mut out).unwrap();
+        let mut tag = Vec::with_capacity(e.encoder.lame_tag_size());
+        e.encoder.lame_tag_encode_to_vec(&mut tag).unwrap();
+        let at = e.encoder.id3v2_tag_size();
+        out[at..at + tag.len()].copy_from_slice(&tag);
+        out
+    }
+
+    #[test]
+    fn progressive_whole_files_are_byte_identical_to_held_ones() {
+        for rate in [16_000, 24_000, 44_100] {
+            let x: Vec<f32> = (0..rate as usize * 2)
+                .map(|i| 0.3 * (i as f32 * 0.02).sin())
+                .collect();
+            let pieces: Vec<&[f32]> = x.chunks(3000).collect();
+            let want = held(rate, &pieces);
+            let mut e = Mp3Encoder::new(rate, false).unwrap();
+            let mut out = Vec::new();
+            for p in &pieces {
+                out.extend(e.push(p).unwrap());
+            }
+            let done = e.finish().unwrap();
+            assert_eq!(done.patches.len(), 1, "the Info tag");
+            // The placeholder went out with the first frames, before the tail.
+            let p = &done.patches[0];
+            assert!(p.offset + p.bytes.len() as u64 <= out.len() as u64);
+            done.complete(&mut out).unwrap();
+            assert!(out == want, "{rate} Hz");
+        }
     }
 }

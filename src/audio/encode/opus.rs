@@ -184,7 +184,10 @@ impl OpusEncoder {
         std::mem::take(self.writer.inner_mut())
     }
 
-    pub(super) fn push(&mut self, samples: &[f32]) -> Result<Vec<u8>, AudioError> {
+    /// `end_page`: close the Ogg page so everything encoded so far can be sent now; without
+    /// it only full pages come out, and the page layout is that of one push of everything fed
+    /// until the next push that closes one.
+    pub(super) fn push(&mut self, samples: &[f32], end_page: bool) -> Result<Vec<u8>, AudioError> {
         let resampled;
         let samples = match self.resampler.as_mut() {
             Some(r) => {
@@ -194,8 +197,7 @@ impl OpusEncoder {
             None => samples,
         };
         self.feed(samples)?;
-        // Close the page so everything encoded so far can be sent now.
-        if let Some(p) = self.held.take() {
+        if end_page && let Some(p) = self.held.take() {
             self.write(p, true)?;
         }
         Ok(self.take_bytes())

@@ -1,9 +1,11 @@
-//! WAV (16-bit mono PCM): the header with the real length for a whole file, or the unknown-length
-//! header a stream sends.
+//! WAV (16-bit mono PCM): the header with the real length for a whole file (a placeholder sent
+//! first, patched at the end), or the unknown-length header a stream sends.
 
 use crate::audio::AudioError;
 use crate::audio::format::AudioFormat;
 use crate::audio::pcm::push_s16le;
+
+use super::{Finished, Patch};
 
 const HEADER_LEN: usize = 44;
 /// Size fields of a streamed WAV: the length is unknown when the header leaves, and the maximum
@@ -33,11 +35,24 @@ fn header(sample_rate: u32, data_len: Option<u32>) -> [u8; HEADER_LEN] {
     h
 }
 
+/// The data length as the header's field, when the container can hold it (the RIFF length adds
+/// the 36 bytes of header after it).
+fn data_len_field(len: u64) -> Result<u32, AudioError> {
+    u32::try_from(len)
+        .ok()
+        .filter(|n| n.checked_add(36).is_some())
+        .ok_or(AudioError::TooLongForContainer {
+            format: AudioFormat::Wav,
+            what: "audio",
+        })
+}
+
 pub(super) struct WavEncoder {
     sample_rate: u32,
     streaming: bool,
     header_sent: bool,
-    data: Vec<u8>,
+    /// Bytes of samples so far.
+    data_len: u64,
 }
 
 impl WavEncoder {
@@ -46,42 +61,46 @@ impl WavEncoder {
             sample_rate,
             streaming,
             header_sent: false,
-            data: Vec::new(),
+            data_len: 0,
         }
     }
 
     pub(super) fn push(&mut self, samples: &[f32]) -> Result<Vec<u8>, AudioError> {
-        if !self.streaming {
-            push_s16le(samples, &mut self.data);
-            return Ok(Vec::new());
-        }
         let mut out = Vec::with_capacity(HEADER_LEN + samples.len() * 2);
+        if !self.streaming {
+            // Refused as soon as it cannot fit, not after gigabytes more were written somewhere.
+            self.data_len += samples.len() as u64 * 2;
+            data_len_field(self.data_len)?;
+        }
         if !self.header_sent {
-            out.extend_from_slice(&header(self.sample_rate, None));
+            // A whole file's header is a placeholder of length 0 until `finish` patches it.
+            let len = (!self.streaming).then_some(0);
+            out.extend_from_slice(&header(self.sample_rate, len));
             self.header_sent = true;
         }
         push_s16le(samples, &mut out);
         Ok(out)
     }
 
-    pub(super) fn finish(self) -> Result<Vec<u8>, AudioError> {
+    pub(super) fn finish(self) -> Result<Finished, AudioError> {
         if self.streaming {
-            return Ok(if self.header_sent {
+            return Ok(Finished::tail(if self.header_sent {
                 Vec::new()
             } else {
                 header(self.sample_rate, None).to_vec()
-            });
+            }));
         }
-        let data_len = u32::try_from(self.data.len())
-            .ok()
-            .filter(|n| n.checked_add(36).is_some())
-            .ok_or(AudioError::TooLongForContainer {
-                format: AudioFormat::Wav,
-                what: "audio",
-            })?;
-        let mut out = Vec::with_capacity(HEADER_LEN + self.data.len());
-        out.extend_from_slice(&header(self.sample_rate, Some(data_len)));
-        out.extend_from_slice(&self.data);
-        Ok(out)
+        let header = header(self.sample_rate, Some(data_len_field(self.data_len)?)).to_vec();
+        Ok(if self.header_sent {
+            Finished {
+                tail: Vec::new(),
+                patches: vec![Patch {
+                    offset: 0,
+                    bytes: header,
+                }],
+            }
+        } else {
+            Finished::tail(header)
+        })
     }
 }

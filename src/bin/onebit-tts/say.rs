@@ -232,6 +232,11 @@ fn say_to(
             }
             // The whole timeline is in the report at the end: a file is written once.
             SynthEvent::Timing(_) => {}
+            SynthEvent::Patch { offset, bytes } => {
+                if !file.patch(offset, bytes) {
+                    return ControlFlow::Break(());
+                }
+            }
         }
         ControlFlow::Continue(())
     });
@@ -321,8 +326,13 @@ fn decode_to(model: &ModelArgs, out: &OutArgs, codes_path: &Path, output: &Path)
     let codec = onebit_tts::synth::load_codec(&cfg, &codec_pkg, 1)?;
     let mut file =
         PartialFile::create(output).with_context(|| format!("creating {}", output.display()))?;
-    let tally = codes.decode(&codec, codec_pkg.sample_rate, &spec, &mut |bytes| {
-        if file.append(bytes) {
+    let tally = codes.decode(&codec, codec_pkg.sample_rate, &spec, &mut |ev| {
+        let written = match ev {
+            SynthEvent::Audio(bytes) => file.append(bytes),
+            SynthEvent::Patch { offset, bytes } => file.patch(offset, bytes),
+            _ => true,
+        };
+        if written {
             ControlFlow::Continue(())
         } else {
             ControlFlow::Break(())
