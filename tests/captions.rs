@@ -70,6 +70,9 @@ fn run(
         .synthesize(req, &CancelToken::new(), &mut |ev| {
             match ev {
                 SynthEvent::Audio(b) => bytes.extend_from_slice(b),
+                SynthEvent::Patch { offset, bytes: p } => {
+                    onebit_tts::audio::apply_patch(&mut bytes, offset, p).unwrap()
+                }
                 SynthEvent::Timing(t) => events.push((t.clone(), bytes.len())),
                 _ => {}
             }
