@@ -2771,3 +2771,77 @@ async fn timing_rides_with_whole_and_sse_responses() {
     api_error(r, 400, Some("timing"), Some("invalid_value")).await;
     s.stop().await;
 }
+
+/// A WebSocket session keeps its connection's place and count (`onebit_connections_open`) for as
+/// long as it lives, though hyper hands the socket over at the upgrade; a browser page from
+/// another origin is refused before the upgrade (a WebSocket has no CORS preflight).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_session_holds_its_connection_and_foreign_origins_are_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = Server::start(tiny(), config()).await;
+    let c = client();
+    let handshake = |origin: &str| {
+        format!(
+            "GET /v1/audio/speech/stream HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+             Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Sec-WebSocket-Version: 13\r\n{origin}\r\n"
+        )
+    };
+    let head = |mut conn: tokio::net::TcpStream| async move {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "closed before the head: {:?}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+        (conn, String::from_utf8_lossy(&got).into_owned())
+    };
+
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    conn.write_all(handshake("").as_bytes()).await.unwrap();
+    let (mut conn, answer) = head(conn).await;
+    assert!(answer.starts_with("HTTP/1.1 101"), "{answer}");
+    // A ping (masked, empty) answered by a pong: the session runs, the upgrade is over.
+    conn.write_all(&[0x89, 0x80, 1, 2, 3, 4]).await.unwrap();
+    let mut pong = [0u8; 2];
+    conn.read_exact(&mut pong).await.unwrap();
+    assert_eq!(pong, [0x8A, 0x00]);
+    // The session and the connection that asks for the metrics.
+    wait_metric(&c, &s, "onebit_connections_open", |v| v == 2.0).await;
+    drop(conn);
+    wait_metric(&c, &s, "onebit_connections_open", |v| v == 1.0).await;
+
+    // Its own origin is let through; another is a 403 in the error shape.
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    conn.write_all(handshake("Origin: http://localhost\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (conn, answer) = head(conn).await;
+    assert!(answer.starts_with("HTTP/1.1 101"), "{answer}");
+    drop(conn);
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    conn.write_all(handshake("Origin: http://evil.example\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (_conn, answer) = head(conn).await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    // Not an upgrade at all: the error shape too.
+    let r = c
+        .get(s.url("/v1/audio/speech/stream"))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    assert!((400..500).contains(&status), "{status}");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["code"], "websocket_upgrade_required",
+        "{body}"
+    );
+    s.stop().await;
+}

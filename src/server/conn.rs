@@ -105,16 +105,23 @@ impl Drop for Open {
     }
 }
 
+/// A connection's place among `max_connections` and its count in `onebit_connections_open`.
+/// Every request of the connection carries a clone (a request extension), so a connection that
+/// upgrades (the WebSocket route) keeps both for as long as its session lives, not only until
+/// hyper hands the socket over.
+#[derive(Clone)]
+pub(super) struct ConnSlot(#[allow(dead_code)] Arc<(Open, OwnedSemaphorePermit)>);
+
 /// Serves one connection until it ends, or until shutdown closes it.
 pub(super) async fn serve_connection(
     stream: TcpStream,
     app: Router,
     st: Arc<AppState>,
     mut stop: watch::Receiver<bool>,
-    _place: OwnedSemaphorePermit,
+    place: OwnedSemaphorePermit,
 ) {
     st.metrics.connections.fetch_add(1, Ordering::SeqCst);
-    let _open = Open(st.clone());
+    let slot = ConnSlot(Arc::new((Open(st.clone()), place)));
     let _ = stream.set_nodelay(true);
     let io = TokioIo::new(WriteTimeout {
         inner: stream,
@@ -125,8 +132,9 @@ pub(super) async fn serve_connection(
     let started = Arc::new(AtomicUsize::new(0));
     let counter = started.clone();
     let app = TowerToHyperService::new(app);
-    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         counter.fetch_add(1, Ordering::SeqCst);
+        req.extensions_mut().insert(slot.clone());
         hyper::service::Service::call(&app, req)
     });
     let mut builder = hyper::server::conn::http1::Builder::new();

@@ -74,6 +74,7 @@ enum End {
 /// Origin check is this route's own (below).
 pub(super) async fn upgrade(
     State(st): State<Arc<AppState>>,
+    slot: Option<axum::Extension<super::conn::ConnSlot>>,
     headers: axum::http::HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
@@ -105,7 +106,11 @@ pub(super) async fn upgrade(
         return refuse(ApiError::shutting_down());
     }
     ws.max_message_size(st.cfg.max_body_bytes)
-        .on_upgrade(move |socket| session(st, socket))
+        .on_upgrade(move |socket| async move {
+            // The session holds its connection's place and count until it ends.
+            let _slot = slot;
+            session(st, socket).await
+        })
 }
 
 /// A WebSocket has no CORS preflight and a page may read its replies from any origin, so a
