@@ -139,8 +139,9 @@ async fn serve_all(
             tracing::warn!("Wyoming connections still open after the drain; closing them");
         }
     }
-    // Whatever still runs (a Wyoming request the HTTP side never saw) is cancelled; the engine
-    // goes idle before the synthesizer is dropped.
+    // Nothing may start any more; whatever still runs (a request whose client left, a Wyoming
+    // one) is cancelled and stops within one code. No request admitted means the engine is idle,
+    // before the synthesizer is dropped.
     door.close();
     door.cancel_all();
     let idle = door.clone();
@@ -213,11 +214,13 @@ async fn serve_with(
     // door. Both get the grace.
     let door = state.door.clone();
     let idle = async move {
-        let _ = tokio::task::spawn_blocking(move || door.wait_idle(grace)).await;
+        matches!(
+            tokio::task::spawn_blocking(move || door.wait_idle(grace)).await,
+            Ok(true)
+        )
     };
     let closed_in_grace = tokio::select! {
-        _ = async { (&mut all_closed).await; idle.await } => state.door.load().running == 0
-            && state.door.load().queued == 0,
+        idle = async { (&mut all_closed).await; idle.await } => idle,
         _ = tokio::time::sleep(grace) => false,
     };
     if !closed_in_grace {
@@ -232,16 +235,8 @@ async fn serve_with(
             tracing::warn!("connections still open after the grace and drain; closing them");
         }
     }
-    // Nothing may start any more; what still runs (a request whose client left) is cancelled and
-    // stops within one code. No request admitted means the engine is idle.
-    state.door.cancel_all();
-    let door = state.door.clone();
-    if !matches!(
-        tokio::task::spawn_blocking(move || door.wait_idle(SHUTDOWN_DRAIN)).await,
-        Ok(true)
-    ) {
-        tracing::warn!("the engine did not stop in time");
-    }
+    // What still runs (a request whose client left) is cancelled by `serve_all`, which waits for
+    // the engine to be idle, for every transport at once.
     drop(all_closed);
     // The engine sessions go before the runtime: the last Arc of the synthesizer drops when the
     // caller drops its own, on a normal thread, and main returns after.
