@@ -398,11 +398,19 @@ fn requests_side_by_side_give_byte_identical_audio_to_each_alone() {
 
 /// An ort backbone that records how many rows each of its runs had: a prefill chunk's tokens,
 /// a step's sequences plus its padding; with a [`Hold`], it also stops the scheduler at a known
-/// point.
+/// point; with a [`FailAt`], one of its decode steps fails once.
 struct Recorder {
     inner: onebit_tts::engine::OrtBackbone,
     rows: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
     hold: Option<Hold>,
+    fail: Option<FailAt>,
+}
+
+/// Fails the `step`-th decode step once, as a device that times out once would; `steps` counts
+/// the steps run.
+struct FailAt {
+    step: usize,
+    steps: std::sync::Arc<AtomicUsize>,
 }
 
 /// Fires `cancel` during the `shared_steps`-th step of two or more sequences, and then holds
@@ -452,6 +460,13 @@ impl engine::BatchBackbone for Recorder {
         self.inner.extend(slot, tokens, cancel)
     }
     fn step_padded(&mut self, tokens: &[u32], pad: usize) -> Result<&[f32], engine::EngineError> {
+        if let Some(f) = &self.fail
+            && f.steps.fetch_add(1, Ordering::SeqCst) + 1 == f.step
+        {
+            return Err(engine::EngineError::Runtime(
+                "simulated one-off device timeout".into(),
+            ));
+        }
         self.rows.lock().unwrap().push(tokens.len() + pad);
         if let Some(h) = self.hold.as_mut().filter(|_| tokens.len() >= 2) {
             h.shared_steps -= 1;
@@ -494,6 +509,7 @@ fn batch_invariant_sampled_takes_are_the_same_alone_and_beside_others() {
                 inner,
                 rows: rows.clone(),
                 hold: None,
+                fail: None,
             }))),
             Candidates::of(&pkg),
             SchedulerOptions {
@@ -552,6 +568,7 @@ fn a_sequence_leaves_the_batch_count_before_its_caller_hears_that_it_ended() {
                 cancel: cancel.clone(),
                 release: held,
             }),
+            fail: None,
         }))),
         Candidates::of(&pkg),
         SchedulerOptions {
@@ -811,66 +828,6 @@ fn a_cancelled_prefill_stops_inside_the_run_and_loses_only_its_sequence() {
     }
 }
 
-/// A batching backbone whose `fail_at`-th decode step fails once, as a device that times out
-/// once would.
-struct FailOnce {
-    inner: onebit_tts::engine::OrtBackbone,
-    steps: std::sync::Arc<AtomicUsize>,
-    fail_at: usize,
-}
-
-impl engine::Backbone for FailOnce {
-    fn reset(&mut self) {
-        self.inner.reset()
-    }
-    fn append(&mut self, tokens: &[u32]) -> Result<&[f32], engine::EngineError> {
-        self.inner.append(tokens)
-    }
-    fn logits_layout(&self) -> engine::LogitsLayout {
-        self.inner.logits_layout()
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn budget(&self) -> usize {
-        self.inner.budget()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn batch(&mut self) -> Option<&mut dyn engine::BatchBackbone> {
-        Some(self)
-    }
-}
-
-impl engine::BatchBackbone for FailOnce {
-    fn open(&mut self, slot: usize) -> Result<(), engine::EngineError> {
-        self.inner.open(slot)
-    }
-    fn extend(
-        &mut self,
-        slot: usize,
-        tokens: &[u32],
-        cancel: &[&CancelToken],
-    ) -> Result<&[f32], engine::EngineError> {
-        self.inner.extend(slot, tokens, cancel)
-    }
-    fn step_padded(&mut self, tokens: &[u32], pad: usize) -> Result<&[f32], engine::EngineError> {
-        if self.steps.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
-            return Err(engine::EngineError::Runtime(
-                "simulated one-off device timeout".into(),
-            ));
-        }
-        self.inner.step_padded(tokens, pad)
-    }
-    fn can_pad(&self) -> bool {
-        self.inner.can_pad()
-    }
-    fn close(&mut self, slot: usize, running: usize) -> Result<(), engine::EngineError> {
-        self.inner.close(slot, running)
-    }
-}
-
 /// A transient failure on the batched path is retried like one on the one-at-a-time path: a
 /// whole-file request gets exactly the bytes it gets without the failure; a stream is never
 /// retried (its failure reaches its caller), and without a retry policy nothing is retried.
@@ -896,10 +853,14 @@ fn a_transient_failure_on_the_batched_path_is_retried_once_for_a_whole_file() {
         let front = onebit_tts::synth::FrontEnd::load(&cfg).unwrap();
         let (_, inner) = common::load_ort(&common::model("tiny"), KvMode::Shared);
         let steps = std::sync::Arc::new(AtomicUsize::new(0));
-        let engine = LocalEngine(Box::new(FailOnce {
+        let engine = LocalEngine(Box::new(Recorder {
             inner,
-            steps: steps.clone(),
-            fail_at: 5,
+            rows: Default::default(),
+            hold: None,
+            fail: Some(FailAt {
+                step: 5,
+                steps: steps.clone(),
+            }),
         }));
         let codec = onebit_tts::synth::load_codec(&cfg, &front.package().codec, 1).unwrap();
         let s = Synthesizer::from_parts(

@@ -47,17 +47,6 @@ fn request(text: String, markup: bool, output: OutputSpec) -> SpeechRequest {
     }
 }
 
-/// `count` sentences of about 95 characters: with the test voice a piece holds about seven.
-fn sentences(from: usize, count: usize) -> String {
-    (from..from + count)
-        .map(|i| {
-            format!(
-                "Sentence {i} tells the story of a quiet valley, where the river runs slowly past old stone houses. "
-            )
-        })
-        .collect()
-}
-
 /// A request's report, its audio bytes, and each `Timing` event with the audio bytes handed out
 /// before it.
 fn run(
@@ -152,7 +141,10 @@ fn join_samples() -> usize {
 #[test]
 fn pieces_lie_exactly_where_their_codes_and_the_joins_put_them() {
     let s = synth();
-    let (report, bytes, events) = run(&s, &request(sentences(0, 30), false, wav(24_000, 1.0)));
+    let (report, bytes, events) = run(
+        &s,
+        &request(common::sentences(0, 30), false, wav(24_000, 1.0)),
+    );
     assert!(report.pieces.len() > 3, "{} pieces", report.pieces.len());
     assert!(report.pieces.iter().all(|p| p.codes.len() == 120));
     assert_eq!(join_samples(), 4_800);
@@ -185,7 +177,7 @@ fn a_stream_gets_each_piece_s_timing_right_after_its_audio() {
         streaming: true,
         ..OutputSpec::default()
     };
-    let (report, _, events) = run(&s, &request(sentences(0, 30), false, output));
+    let (report, _, events) = run(&s, &request(common::sentences(0, 30), false, output));
     assert!(events.len() > 3, "{} pieces", events.len());
     // 16-bit samples at the codec rate go straight out: when a piece's timing arrives, exactly
     // the audio up to its end has been handed out, no more and no less.
@@ -198,7 +190,10 @@ fn a_stream_gets_each_piece_s_timing_right_after_its_audio() {
         );
     }
     // Decoding in windows puts the pieces where decoding whole does.
-    let (whole, _, _) = run(&s, &request(sentences(0, 30), false, wav(24_000, 1.0)));
+    let (whole, _, _) = run(
+        &s,
+        &request(common::sentences(0, 30), false, wav(24_000, 1.0)),
+    );
     assert_eq!(report.timeline.pieces, whole.timeline.pieces);
 }
 
@@ -229,7 +224,11 @@ fn markup_pauses_keep_their_time_before_between_and_after_the_pieces() {
 #[test]
 fn at_speed_two_pieces_take_half_the_time_and_markup_pauses_their_own() {
     let s = synth();
-    let text = format!("{}[pause:1s]{}", sentences(0, 15), sentences(15, 15));
+    let text = format!(
+        "{}[pause:1s]{}",
+        common::sentences(0, 15),
+        common::sentences(15, 15)
+    );
     let (report, bytes, _) = run(&s, &request(text, true, wav(24_000, 2.0)));
     let gaps = check_pieces(&report, 2.0);
     // Joins of 0.1 s (the 0.2 s join, sped up with the speech) and one markup pause of 1 s.
@@ -254,7 +253,7 @@ fn at_speed_two_pieces_take_half_the_time_and_markup_pauses_their_own() {
 #[test]
 fn resampling_to_48_khz_changes_no_time() {
     let s = synth();
-    let text = sentences(0, 30);
+    let text = common::sentences(0, 30);
     let (at24, _, _) = run(&s, &request(text.clone(), false, wav(24_000, 1.0)));
     let (report, bytes, _) = run(&s, &request(text, false, wav(48_000, 1.0)));
     check_pieces(&report, 1.0);
@@ -319,7 +318,7 @@ fn cues(text: &str, sep: char) -> Vec<(u64, u64, String)> {
 #[test]
 fn say_writes_srt_vtt_and_json_whose_times_agree() {
     let dir = common::tempdir("captions");
-    let text = sentences(0, 30);
+    let text = common::sentences(0, 30);
     let o = say(&dir, "c.json", &text);
     assert!(o.status.success(), "{}", common::stderr(&o));
     let doc: Value =

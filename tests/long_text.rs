@@ -195,18 +195,6 @@ fn unsupported_language_and_nothing_speakable_are_clear_errors() {
     assert!(err.to_string().contains("nothing speakable"), "{err}");
 }
 
-/// `count` sentences of about 95 characters: with the test voice a piece holds about seven, so
-/// 30 make several pieces.
-fn sentences(from: usize, count: usize) -> String {
-    (from..from + count)
-        .map(|i| {
-            format!(
-                "Sentence {i} tells the story of a quiet valley, where the river runs slowly past old stone houses. "
-            )
-        })
-        .collect()
-}
-
 /// Runs a request and returns its report with each piece's (text, max_new_tokens).
 fn run_pieces(
     s: &Synthesizer,
@@ -260,7 +248,7 @@ fn a_piece_that_never_ends_stops_at_its_texts_code_budget() {
 #[test]
 fn max_new_tokens_is_shared_by_the_pieces_of_a_request() {
     let s = synth();
-    let mut req = request(sentences(0, 30));
+    let mut req = request(common::sentences(0, 30));
     let (whole, all) = run_pieces(&s, &req);
     assert!(all.len() > 3, "{} pieces", all.len());
     assert_eq!(whole.codes.len(), 120 * all.len());
@@ -284,7 +272,11 @@ fn max_new_tokens_is_shared_by_the_pieces_of_a_request() {
 #[test]
 fn an_emoji_only_sentence_of_a_long_text_is_skipped() {
     let s = synth();
-    let text = format!("{}😀😀. {}", sentences(0, 15), sentences(15, 15));
+    let text = format!(
+        "{}😀😀. {}",
+        common::sentences(0, 15),
+        common::sentences(15, 15)
+    );
     let (report, pieces) = run_pieces(&s, &request(text.clone()));
     assert!(pieces.len() > 3, "{} pieces", pieces.len());
     let spoken: Vec<String> = pieces.into_iter().map(|p| p.0).collect();
@@ -306,7 +298,7 @@ fn pieces_are_planned_against_a_static_kv_cache_smaller_than_the_config() {
     })
     .unwrap();
     assert_eq!(s.package().genai.token_budget(), 4096);
-    let text = sentences(0, 12);
+    let text = common::sentences(0, 12);
     let mut limits = Vec::new();
     let report = s
         .synthesize(&request(text), &CancelToken::new(), &mut |ev| {

@@ -662,3 +662,15 @@ pub fn assert_same(
         );
     }
 }
+
+/// `count` sentences of about 95 characters: with the test voice a piece holds about seven, so
+/// 30 make several pieces.
+pub fn sentences(from: usize, count: usize) -> String {
+    (from..from + count)
+        .map(|i| {
+            format!(
+                "Sentence {i} tells the story of a quiet valley, where the river runs slowly past old stone houses. "
+            )
+        })
+        .collect()
+}
