@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use onebit_tts::codec::CodecDecoder;
-use onebit_tts::codec::stream::{SAMPLES_PER_CODE, StreamDecoder, TailMode, decode_whole};
+use onebit_tts::codec::stream::{SAMPLES_PER_CODE, StreamDecoder, TailMode, Windows, decode_whole};
 use onebit_tts::package::CodecPackage;
 use serde_json::Value;
 
@@ -110,16 +110,7 @@ fn as_codes(c: &[i32]) -> Vec<u32> {
 
 /// Our streaming decoder over the case: the chunks pushed while codes arrive, and the tail.
 fn stream(codec: &mut CodecDecoder, case: &Value, mode: TailMode) -> (Vec<Vec<f32>>, Vec<f32>) {
-    let reference = ids(&case["reference"]);
-    let mut dec =
-        StreamDecoder::with_tail_mode(|c: &[i32]| codec.decode(&as_codes(c)), &reference, mode);
-    let mut chunks = Vec::new();
-    for code in ids(&case["generated"]) {
-        if let Some(chunk) = dec.push(code).unwrap() {
-            chunks.push(chunk);
-        }
-    }
-    let tail = dec.finish().unwrap();
+    let (chunks, tail, _) = stream_in(codec, case, mode, Windows::VENDOR);
     (chunks, tail)
 }
 
@@ -159,6 +150,92 @@ fn streaming_matches_the_vendors_stream_on_the_real_architecture() {
                 let diff = max_diff(&all, &vendor[..all.len()]);
                 println!("{name}: vendor stream within {diff} (scale {s})");
                 assert!(diff <= 1e-6, "{name} tail: {diff}");
+            }
+        }
+    }
+}
+
+/// Signal-to-difference ratio of `got` against `want`, in dB.
+fn snr_db(want: &[f32], got: &[f32]) -> f64 {
+    let (mut s, mut e) = (0f64, 0f64);
+    for (w, g) in want.iter().zip(got) {
+        s += f64::from(*w).powi(2);
+        e += f64::from(w - g).powi(2);
+    }
+    10.0 * (s / e.max(1e-30)).log10()
+}
+
+/// Our streaming decoder over the case in a window layout: the chunks pushed while codes arrive,
+/// the tail, and the frames its decoder runs decoded.
+fn stream_in(
+    codec: &mut CodecDecoder,
+    case: &Value,
+    mode: TailMode,
+    windows: Windows,
+) -> (Vec<Vec<f32>>, Vec<f32>, usize) {
+    let mut frames = 0;
+    let reference = ids(&case["reference"]);
+    let mut dec = StreamDecoder::with_layout(
+        |c: &[i32]| {
+            frames += c.len();
+            codec.decode(&as_codes(c))
+        },
+        &reference,
+        mode,
+        windows,
+    );
+    let mut chunks = Vec::new();
+    for code in ids(&case["generated"]) {
+        if let Some(chunk) = dec.push(code).unwrap() {
+            chunks.push(chunk);
+        }
+    }
+    let tail = dec.finish().unwrap();
+    (chunks, tail, frames)
+}
+
+/// The whole stream of a case in a window layout, with the aligned tail, and its frames decoded.
+fn whole_stream(codec: &mut CodecDecoder, case: &Value, windows: Windows) -> (Vec<f32>, usize) {
+    let (chunks, tail, frames) = stream_in(codec, case, TailMode::Aligned, windows);
+    ([chunks.concat(), tail].concat(), frames)
+}
+
+/// What a shorter look-back or longer chunks cost in samples on the real architecture: the
+/// decoder's transformer attends over its whole window, so any other layout changes samples.
+/// `cargo test --release --test neucodec_reference -- --nocapture layouts` prints the table
+/// docs/performance.md quotes.
+#[test]
+fn other_window_layouts_change_samples_by_a_measured_amount() {
+    let mut codec = decoder();
+    for case in manifest()["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let n = case["generated"].as_array().unwrap().len();
+        let (vendor, vendor_frames) = whole_stream(&mut codec, case, Windows::VENDOR);
+        assert_eq!(vendor.len(), n * SAMPLES_PER_CODE);
+        for layout in ["25:25", "50:50", "25:50", "10:25"] {
+            let windows: Windows = layout.parse().unwrap();
+            let (ours, frames) = whole_stream(&mut codec, case, windows);
+            assert_eq!(ours.len(), vendor.len(), "{name} {layout}");
+            let (diff, snr) = (max_diff(&ours, &vendor), snr_db(&vendor, &ours));
+            println!(
+                "{name} ({n} codes) {layout}: {:.2} frames/code (vendor {:.2}), max |diff| {diff:.4} \
+                 on a scale of {:.4}, SNR {snr:.1} dB",
+                frames as f64 / n as f64,
+                vendor_frames as f64 / n as f64,
+                scale(&vendor)
+            );
+            // A misplaced window moves samples by the whole scale (SNR near 0 dB or below); the
+            // layouts above measured 10-31 dB on this random-weight decoder.
+            assert!(snr > 8.0, "{name} {layout}: SNR {snr} dB");
+            assert!(frames <= vendor_frames, "{name} {layout}: {frames} frames");
+            if windows.lookback == Windows::VENDOR.lookback {
+                // The first chunk's window is the vendor's: its samples are too.
+                let first = 25 * SAMPLES_PER_CODE;
+                let d = max_diff(
+                    &ours[..first.min(n * SAMPLES_PER_CODE)],
+                    &vendor[..first.min(n * SAMPLES_PER_CODE)],
+                );
+                assert_eq!(d, 0.0, "{name} {layout}: first chunk");
             }
         }
     }

@@ -46,9 +46,94 @@ pub const STRIDE_SAMPLES: usize = FRAMES_PER_CHUNK * SAMPLES_PER_CODE;
 /// Codes past the decoded point needed before a chunk is decoded.
 pub const CODES_PER_DECODE: usize = FRAMES_PER_CHUNK + LOOKFORWARD;
 
-/// Frames kept from each streamed decode: the chunk plus the overlap on both sides.
-const KEPT_FRAMES: usize = FRAMES_PER_CHUNK + 2 * OVERLAP;
-const KEPT_SAMPLES: usize = KEPT_FRAMES * SAMPLES_PER_CODE;
+/// The window layout of the streaming decoder: how many codes of left context each decode sees
+/// and how many codes each chunk after the first emits. The first chunk is always the vendor's
+/// ([`FRAMES_PER_CHUNK`] codes, out after [`CODES_PER_DECODE`]), so the first audio is never later.
+///
+/// NeuCodec's decoder runs a bidirectional transformer over the whole window, so every frame's
+/// samples depend on every code in it: only the vendor's layout gives the vendor's samples, and no
+/// per-frame state can be carried from one window to the next exactly. Fewer look-back codes or
+/// longer chunks decode fewer frames per code (`(lookback + chunk + 6) / chunk`: 3.24 for the
+/// vendor's) at the cost of samples that differ from the vendor's; docs/performance.md gives the
+/// measured difference and cost of each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Windows {
+    /// Codes of left context before the overlap frame.
+    pub lookback: usize,
+    /// Codes emitted by every chunk after the first.
+    pub chunk: usize,
+}
+
+impl Windows {
+    /// The vendor's layout: 50 codes of look-back, 25-code chunks.
+    pub const VENDOR: Self = Self {
+        lookback: LOOKBACK,
+        chunk: FRAMES_PER_CHUNK,
+    };
+    /// The most look-back a layout may ask for (twice the vendor's).
+    pub const MAX_LOOKBACK: usize = 2 * LOOKBACK;
+    /// The longest chunk a layout may ask for: 4 s of audio.
+    pub const MAX_CHUNK: usize = 200;
+
+    /// A layout, refused outside `0..=MAX_LOOKBACK` look-back and `1..=MAX_CHUNK` codes a chunk.
+    pub fn new(lookback: usize, chunk: usize) -> Result<Self, String> {
+        if lookback > Self::MAX_LOOKBACK {
+            return Err(format!(
+                "look-back {lookback} is more than {} codes",
+                Self::MAX_LOOKBACK
+            ));
+        }
+        if !(1..=Self::MAX_CHUNK).contains(&chunk) {
+            return Err(format!(
+                "chunk {chunk} is outside 1..={} codes",
+                Self::MAX_CHUNK
+            ));
+        }
+        Ok(Self { lookback, chunk })
+    }
+
+    pub fn is_vendor(&self) -> bool {
+        *self == Self::VENDOR
+    }
+}
+
+impl Default for Windows {
+    fn default() -> Self {
+        Self::VENDOR
+    }
+}
+
+impl fmt::Display for Windows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_vendor() {
+            f.write_str("vendor")
+        } else {
+            write!(f, "{}:{}", self.lookback, self.chunk)
+        }
+    }
+}
+
+impl std::str::FromStr for Windows {
+    type Err = String;
+    /// `vendor`, or `LOOKBACK:CHUNK` in codes (`vendor` is `50:25`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "vendor" {
+            return Ok(Self::VENDOR);
+        }
+        let parsed = s.split_once(':').and_then(|(l, c)| {
+            Some((
+                l.trim().parse::<usize>().ok()?,
+                c.trim().parse::<usize>().ok()?,
+            ))
+        });
+        match parsed {
+            Some((l, c)) => Self::new(l, c),
+            None => Err(format!(
+                "stream windows {s:?}: expected `vendor` or LOOKBACK:CHUNK in codes (e.g. 25:25)"
+            )),
+        }
+    }
+}
 
 /// How the last, shorter piece of a stream is placed. See the module docs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -164,8 +249,12 @@ where
     emitted_samples: usize,
     tail: Option<PendingTail>,
     tail_mode: TailMode,
-    /// Weights of a full kept piece, the same for every streamed chunk.
-    full_weights: Vec<f32>,
+    windows: Windows,
+    /// Chunks emitted so far (the first is always the vendor's size).
+    chunks: usize,
+    /// Weights of a full kept piece of the first chunk's size and of the later chunks' size.
+    first_weights: Vec<f32>,
+    later_weights: Vec<f32>,
 }
 
 impl<F, E> fmt::Debug for StreamDecoder<F, E>
@@ -179,6 +268,7 @@ where
             .field("decoded", &self.decoded)
             .field("emitted_samples", &self.emitted_samples)
             .field("tail_mode", &self.tail_mode)
+            .field("windows", &self.windows)
             .finish()
     }
 }
@@ -193,9 +283,20 @@ where
     }
 
     pub fn with_tail_mode(decode: F, reference: &[i32], tail_mode: TailMode) -> Self {
-        let full_weights = (0..KEPT_SAMPLES)
-            .map(|i| ola_weight(i, KEPT_SAMPLES))
-            .collect();
+        Self::with_layout(decode, reference, tail_mode, Windows::VENDOR)
+    }
+
+    /// A decoder with the given tail and window layout.
+    pub fn with_layout(
+        decode: F,
+        reference: &[i32],
+        tail_mode: TailMode,
+        windows: Windows,
+    ) -> Self {
+        let kept_weights = |chunk: usize| {
+            let n = (chunk + 2 * OVERLAP) * SAMPLES_PER_CODE;
+            (0..n).map(|i| ola_weight(i, n)).collect::<Vec<f32>>()
+        };
         let mut s = Self {
             decode,
             codes: reference.to_vec(),
@@ -206,7 +307,10 @@ where
             emitted_samples: 0,
             tail: None,
             tail_mode,
-            full_weights,
+            windows,
+            chunks: 0,
+            first_weights: kept_weights(FRAMES_PER_CHUNK),
+            later_weights: kept_weights(windows.chunk),
         };
         s.drop_old_codes();
         s
@@ -229,7 +333,16 @@ where
 
     /// Start of the lookback window for a decode at the current decoded point.
     fn window_start(&self) -> usize {
-        self.decoded.saturating_sub(LOOKBACK + OVERLAP)
+        self.decoded.saturating_sub(self.windows.lookback + OVERLAP)
+    }
+
+    /// Codes the next chunk emits.
+    fn next_chunk(&self) -> usize {
+        if self.chunks == 0 {
+            FRAMES_PER_CHUNK
+        } else {
+            self.windows.chunk
+        }
     }
 
     fn drop_old_codes(&mut self) {
@@ -241,36 +354,40 @@ where
         }
     }
 
-    /// Adds one generated code. Returns a chunk of exactly [`STRIDE_SAMPLES`] samples when 30 codes
-    /// past the decoded point exist, else `None`.
+    /// Adds one generated code. Returns a chunk of exactly `480 * chunk` samples when the chunk's
+    /// codes and [`LOOKFORWARD`] more exist past the decoded point, else `None` (the first chunk:
+    /// [`STRIDE_SAMPLES`] samples after 30 codes).
     pub fn push(&mut self, code: i32) -> Result<Option<Vec<f32>>, StreamError<E>> {
         self.codes.push(code);
         self.total_codes += 1;
-        if self.total_codes - self.decoded < CODES_PER_DECODE {
+        let chunk = self.next_chunk();
+        if self.total_codes - self.decoded < chunk + LOOKFORWARD {
             return Ok(None);
         }
         let start = self.window_start();
         // The vendor asks for one overlap frame past the lookforward; it never exists at this
         // point because the check runs after every code, and Python's slice clamps it away.
-        let end = (self.decoded + CODES_PER_DECODE + OVERLAP).min(self.total_codes);
+        let end = (self.decoded + chunk + LOOKFORWARD + OVERLAP).min(self.total_codes);
         let audio = call_decoder(
             &mut self.decode,
             &self.codes[start - self.base..end - self.base],
         )?;
         let from = (self.decoded - start) * SAMPLES_PER_CODE;
-        let piece = &audio[from..from + KEPT_SAMPLES];
+        let stride = chunk * SAMPLES_PER_CODE;
+        let weights = if self.chunks == 0 {
+            &self.first_weights
+        } else {
+            &self.later_weights
+        };
+        let piece = &audio[from..from + weights.len()];
 
-        let out = overlap_add(
-            self.tail.as_ref(),
-            piece,
-            &self.full_weights,
-            STRIDE_SAMPLES,
-        );
+        let out = overlap_add(self.tail.as_ref(), piece, weights, stride);
         self.tail = Some(PendingTail {
-            samples: piece[STRIDE_SAMPLES..].to_vec(),
-            weights: self.full_weights[STRIDE_SAMPLES..].to_vec(),
+            samples: piece[stride..].to_vec(),
+            weights: weights[stride..].to_vec(),
         });
-        self.decoded += FRAMES_PER_CHUNK;
+        self.chunks += 1;
+        self.decoded += chunk;
         self.emitted_samples += out.len();
         self.drop_old_codes();
         Ok(Some(out))
@@ -401,6 +518,128 @@ mod tests {
                 frame.iter().all(|&x| (x - f as f32).abs() < 1e-4),
                 "frame {f}"
             );
+        }
+    }
+
+    /// Every window a layout decodes (start, end) over `n` generated codes after `n_ref` reference
+    /// codes, and the lengths of what it emitted.
+    fn layout_run(n_ref: usize, n: usize, windows: Windows) -> (Vec<(i32, i32)>, Vec<usize>) {
+        let mut calls = Vec::new();
+        let spy = |c: &[i32]| -> Result<Vec<f32>, Infallible> {
+            calls.push((c[0], c[c.len() - 1]));
+            ramp_decoder(c)
+        };
+        let reference: Vec<i32> = (0..n_ref as i32).collect();
+        let mut d = StreamDecoder::with_layout(spy, &reference, TailMode::Aligned, windows);
+        let mut lens = Vec::new();
+        for c in n_ref..n_ref + n {
+            if let Some(chunk) = d.push(c as i32).unwrap() {
+                lens.push(chunk.len());
+            }
+        }
+        lens.push(d.finish().unwrap().len());
+        (calls, lens)
+    }
+
+    #[test]
+    fn a_layout_keeps_the_first_chunk_and_changes_the_later_ones() {
+        // Codes are their own absolute index, so a window is named by its first and last code.
+        let (calls, lens) = layout_run(60, 140, Windows::VENDOR);
+        assert_eq!(
+            calls,
+            [
+                (9, 89),
+                (34, 114),
+                (59, 139),
+                (84, 164),
+                (109, 189),
+                (134, 199)
+            ]
+        );
+        assert_eq!(lens, [12_000, 12_000, 12_000, 12_000, 12_000, 7_200]);
+
+        let wide = "50:50".parse::<Windows>().unwrap();
+        let (calls, lens) = layout_run(60, 140, wide);
+        // The first chunk as the vendor's (out after 30 codes), then 50 codes from 55 on.
+        assert_eq!(calls, [(9, 89), (34, 139), (84, 189), (134, 199)]);
+        assert_eq!(lens, [12_000, 24_000, 24_000, 7_200]);
+
+        let short = "25:25".parse::<Windows>().unwrap();
+        let (calls, lens) = layout_run(60, 140, short);
+        assert_eq!(
+            calls,
+            [
+                (34, 89),
+                (59, 114),
+                (84, 139),
+                (109, 164),
+                (134, 189),
+                (159, 199)
+            ]
+        );
+        assert_eq!(lens, [12_000, 12_000, 12_000, 12_000, 12_000, 7_200]);
+        // Frames decoded: 81 a window for the vendor's, 56 for 25 of look-back.
+        let frames = |c: &[(i32, i32)]| c.iter().map(|(a, b)| b - a + 1).sum::<i32>();
+        assert_eq!(frames(&layout_run(60, 140, Windows::VENDOR).0), 81 * 5 + 66);
+        assert_eq!(frames(&calls), 56 * 5 + 41);
+    }
+
+    #[test]
+    fn every_layout_emits_480_per_code_in_time() {
+        for text in [
+            "vendor", "0:1", "0:25", "10:50", "25:25", "50:50", "100:200",
+        ] {
+            let windows: Windows = text.parse().unwrap();
+            for n_ref in [0usize, 3, 120] {
+                for n in [0usize, 1, 29, 30, 31, 54, 55, 56, 79, 80, 81, 400] {
+                    let reference: Vec<i32> = vec![-1; n_ref];
+                    let generated: Vec<i32> = (0..n as i32).collect();
+                    let mut d = StreamDecoder::with_layout(
+                        ramp_decoder,
+                        &reference,
+                        TailMode::Aligned,
+                        windows,
+                    );
+                    let mut all = Vec::new();
+                    for &c in &generated {
+                        all.extend(d.push(c).unwrap().unwrap_or_default());
+                    }
+                    all.extend(d.finish().unwrap());
+                    assert_eq!(
+                        all.len(),
+                        n * SAMPLES_PER_CODE,
+                        "{text} ref {n_ref} gen {n}"
+                    );
+                    // A constant-per-frame decoder: any misplaced window shows as a wrong value.
+                    for (f, frame) in all.chunks(SAMPLES_PER_CODE).enumerate() {
+                        assert!(
+                            frame.iter().all(|&x| (x - f as f32).abs() < 1e-3),
+                            "{text} ref {n_ref} gen {n} frame {f}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn layouts_parse_and_refuse() {
+        assert_eq!("vendor".parse::<Windows>(), Ok(Windows::VENDOR));
+        assert_eq!("50:25".parse::<Windows>(), Ok(Windows::VENDOR));
+        assert_eq!(Windows::VENDOR.to_string(), "vendor");
+        assert_eq!(
+            "25:50".parse::<Windows>(),
+            Ok(Windows {
+                lookback: 25,
+                chunk: 50
+            })
+        );
+        assert_eq!("25:50".parse::<Windows>().unwrap().to_string(), "25:50");
+        for bad in [
+            "", "fast", "25", "25:", ":25", "25:0", "101:25", "25:201", "-1:25",
+        ] {
+            let err = bad.parse::<Windows>().unwrap_err();
+            assert!(!err.is_empty(), "{bad:?}");
         }
     }
 
