@@ -18,6 +18,9 @@ pub struct StageTimings {
     pub encode: Duration,
     /// From the start of the request to the first audio sample handed out.
     pub first_audio: Option<Duration>,
+    /// How long a listener who starts playing at the first audio, and waits whenever the audio
+    /// runs out, would have waited after the first audio.
+    pub stall: Duration,
     pub total: Duration,
 }
 
@@ -29,6 +32,7 @@ impl StageTimings {
         self.codec += o.codec;
         self.encode += o.encode;
         self.total += o.total;
+        self.stall += o.stall;
         self.first_audio = self.first_audio.or(o.first_audio);
     }
 }
@@ -67,6 +71,8 @@ pub struct RunNumbers {
     pub rtf: f64,
     pub prefill_tok_per_s: f64,
     pub first_audio_ms: Option<f64>,
+    /// [`StageTimings::stall`]: 0 when the audio kept ahead of playback from the first sample.
+    pub stall_ms: f64,
     pub front_end_ms: f64,
     pub prefill_ms: f64,
     pub decode_ms: f64,
@@ -98,6 +104,7 @@ impl RunNumbers {
             rtf: rtf(t.total, audio_s),
             prefill_tok_per_s: prompt_tokens as f64 / t.prefill.as_secs_f64().max(1e-9),
             first_audio_ms: t.first_audio.map(ms),
+            stall_ms: ms(t.stall),
             front_end_ms: ms(t.front_end),
             prefill_ms: ms(t.prefill),
             decode_ms: ms(t.decode),

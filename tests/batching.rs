@@ -17,6 +17,7 @@ use onebit_tts::engine::{
     SamplingParams, Scheduler, SchedulerOptions, StopReason,
 };
 use onebit_tts::package::ModelPackage;
+use onebit_tts::runtime::TurnsMode;
 use onebit_tts::synth::{SpeechRequest, SynthConfig, SynthEvent, Synthesizer};
 
 fn sampled(seed: u64, max_new: usize) -> GenerationParams {
@@ -608,6 +609,8 @@ fn the_codec_sessions_follow_the_requests_that_can_run_side_by_side() {
             package_dir: common::model("tiny"),
             voice_dirs: vec![common::repo().join("voices")],
             codec_threads: Some(8),
+            // The sessions alone: on a small machine taking turns would add to the line.
+            cpu_turns: TurnsMode::Off,
             ort: engine::OrtOptions {
                 kv_mode: Some(kv),
                 ..Default::default()
@@ -626,6 +629,81 @@ fn the_codec_sessions_follow_the_requests_that_can_run_side_by_side() {
     assert_eq!(codec(4, KvMode::Shared), "2 sessions x 4 threads");
     assert_eq!(codec(1, KvMode::Shared), "1 session x 8 threads");
     assert_eq!(codec(4, KvMode::Growing), "1 session x 8 threads");
+}
+
+#[test]
+fn taking_turns_changes_no_sample_and_says_so() {
+    let run = |turns: TurnsMode| {
+        let synth = Synthesizer::load(&SynthConfig {
+            package_dir: common::model("tiny-random"),
+            voice_dirs: vec![common::repo().join("voices")],
+            cpu_turns: turns,
+            // Which steps the two share depends on timing, which turns change: padded, a
+            // seeded take is the same whatever runs beside it, on every CPU.
+            scheduler: SchedulerOptions {
+                batch_invariant: true,
+                ..SchedulerOptions::default()
+            },
+            ..SynthConfig::default()
+        })
+        .unwrap();
+        let said = (
+            synth
+                .engine_description()
+                .ends_with("; taking turns with the codec"),
+            synth
+                .codec_description()
+                .ends_with(", taking turns with the backbone"),
+        );
+        // Two requests at once, streamed: both sides' runs interleave through the gate.
+        let barrier = Barrier::new(2);
+        let streams: Vec<Vec<u8>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..2)
+                .map(|i| {
+                    let (synth, barrier) = (&synth, &barrier);
+                    scope.spawn(move || {
+                        let req = SpeechRequest {
+                            text: common::sentences(i * 3, 3),
+                            voice: "test".into(),
+                            generation: GenerationParams {
+                                sampling: SamplingParams {
+                                    seed: Some(7 + i as u64),
+                                    ..SamplingParams::default()
+                                },
+                                ..GenerationParams::default()
+                            },
+                            output: OutputSpec {
+                                format: AudioFormat::Wav,
+                                streaming: true,
+                                ..OutputSpec::default()
+                            },
+                            ..SpeechRequest::default()
+                        };
+                        barrier.wait();
+                        let mut bytes = Vec::new();
+                        synth
+                            .synthesize(&req, &CancelToken::new(), &mut |ev| {
+                                if let SynthEvent::Audio(b) = ev {
+                                    bytes.extend_from_slice(b);
+                                }
+                                ControlFlow::Continue(())
+                            })
+                            .unwrap();
+                        bytes
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        (said, streams)
+    };
+    let (said_on, on) = run(TurnsMode::On);
+    let (said_off, off) = run(TurnsMode::Off);
+    assert_eq!(said_on, (true, true));
+    assert_eq!(said_off, (false, false));
+    assert!(on.iter().all(|b| b.len() > 44));
+    // Turns change when runs happen, never what they compute.
+    assert!(on == off, "streams differ with and without turns");
 }
 
 #[test]

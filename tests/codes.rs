@@ -9,6 +9,7 @@ use std::path::Path;
 
 use common::{cli, error_line, stderr, stdout};
 use onebit_tts::audio::{AudioFormat, OutputSpec};
+use onebit_tts::codec::stream::Windows;
 use onebit_tts::engine::{CancelToken, GenerationParams, SamplingParams};
 use onebit_tts::synth::{
     CODES_FORMAT, Decoding, SpeechCodes, SpeechRequest, SynthConfig, SynthEvent, Synthesizer,
@@ -238,9 +239,19 @@ fn collect(out: &mut Vec<u8>, ev: SynthEvent<'_>) {
 
 #[test]
 fn streamed_codes_decode_to_the_streamed_bytes() {
+    for layout in ["vendor", "25:25"] {
+        streamed_codes_decode_in_their_layout(layout.parse().unwrap());
+    }
+}
+
+fn streamed_codes_decode_in_their_layout(windows: Windows) {
     let cfg = SynthConfig {
         package_dir: common::model("tiny-static"),
         voice_dirs: vec![common::repo().join("voices")],
+        // The real NeuCodec architecture (random weights): its transformer sees the whole
+        // window, so a layout shows in the samples, where the tiny stand-in's would not.
+        codec_dir: Some(common::repo().join("tests/data/neucodec-decoder")),
+        stream_windows: windows,
         ..SynthConfig::default()
     };
     let synth = Synthesizer::load(&cfg).unwrap();
@@ -271,18 +282,25 @@ fn streamed_codes_decode_to_the_streamed_bytes() {
             .unwrap();
         assert!(report.pieces.len() > 1);
         let doc = SpeechCodes::of(&synth, &req, &report).unwrap();
-        assert_eq!(doc.decoding, Decoding::Windowed);
+        assert_eq!((doc.decoding, doc.windows), (Decoding::Windowed, windows));
+        // The vendor's layout is not written, so documents of earlier versions read as before.
+        assert_eq!(doc.to_json().contains("\"windows\""), !windows.is_vendor());
         let doc = SpeechCodes::from_json(&doc.to_json()).unwrap();
+        assert_eq!(doc.windows, windows);
 
         let codec = load_codec(&cfg, &synth.package().codec, 1).unwrap();
-        let mut decoded = Vec::new();
-        let tally = doc
-            .decode(&codec, 24_000, &output, &mut |ev| {
-                collect(&mut decoded, ev);
-                ControlFlow::Continue(())
-            })
-            .unwrap();
-        assert_eq!(tally.samples, report.samples);
+        let decode = |doc: &SpeechCodes| {
+            let mut bytes = Vec::new();
+            let tally = doc
+                .decode(&codec, 24_000, &output, &mut |ev| {
+                    collect(&mut bytes, ev);
+                    ControlFlow::Continue(())
+                })
+                .unwrap();
+            (bytes, tally.samples)
+        };
+        let (decoded, samples) = decode(&doc);
+        assert_eq!(samples, report.samples);
         assert!(
             decoded == streamed,
             "{format:?}: {} vs {} bytes",
@@ -290,19 +308,21 @@ fn streamed_codes_decode_to_the_streamed_bytes() {
             streamed.len()
         );
         // Decoded whole instead, the same codes give other samples: the mode matters.
-        let whole = SpeechCodes {
+        let (other, _) = decode(&SpeechCodes {
             decoding: Decoding::Whole,
             ..doc.clone()
-        };
-        let mut other = Vec::new();
-        whole
-            .decode(&codec, 24_000, &output, &mut |ev| {
-                collect(&mut other, ev);
-                ControlFlow::Continue(())
-            })
-            .unwrap();
+        });
         assert_eq!(other.len(), decoded.len());
-        assert_ne!(other, decoded, "{format:?}");
+        assert!(other != decoded, "{format:?}");
+        if !windows.is_vendor() {
+            // And in the vendor's windows they give the vendor's samples, not these.
+            let (other, _) = decode(&SpeechCodes {
+                windows: Windows::VENDOR,
+                ..doc.clone()
+            });
+            assert_eq!(other.len(), decoded.len());
+            assert!(other != decoded, "{format:?} {windows}");
+        }
     }
 }
 

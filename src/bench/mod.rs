@@ -87,12 +87,15 @@ pub struct CaseSummary {
     pub case: String,
     pub voice: String,
     pub runs: usize,
+    pub prompt_tokens: Stat,
     pub codes: Stat,
     pub codes_per_s: Stat,
     pub x_real_time: Stat,
     pub rtf: Stat,
     pub prefill_tok_per_s: Stat,
     pub first_audio_ms: Stat,
+    /// A listener's waits after the first audio ([`crate::metrics::RunNumbers::stall_ms`]).
+    pub stall_ms: Stat,
     pub stage_ms: StageStats,
 }
 
@@ -228,12 +231,14 @@ pub fn run(
                 case: (*case).to_owned(),
                 voice: voice.clone(),
                 runs: rs.len(),
+                prompt_tokens: stat(&|r| r.numbers.prompt_tokens as f64),
                 codes: stat(&|r| r.numbers.codes as f64),
                 codes_per_s: stat(&|r| r.numbers.codes_per_s),
                 x_real_time: stat(&|r| r.numbers.x_real_time),
                 rtf: stat(&|r| r.numbers.rtf),
                 prefill_tok_per_s: stat(&|r| r.numbers.prefill_tok_per_s),
                 first_audio_ms: stat(&|r| r.numbers.first_audio_ms.unwrap_or(0.0)),
+                stall_ms: stat(&|r| r.numbers.stall_ms),
                 stage_ms: StageStats {
                     front_end: stat(&|r| r.numbers.front_end_ms),
                     prefill: stat(&|r| r.numbers.prefill_ms),
@@ -250,7 +255,11 @@ pub fn run(
         residency: synth.residency(),
         package: synth.package().dir.display().to_string(),
         machine: machine(),
-        codec: synth.codec_description(),
+        codec: format!(
+            "{}, stream windows {}",
+            synth.codec_description(),
+            synth.stream_windows()
+        ),
         runs: all,
         cases,
         peak_rss_mb: peak_rss_mb(),
@@ -262,7 +271,7 @@ impl Report {
     /// The table `bench` prints on stdout.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "engine {}\ndevice {}\npackage {}\nmachine {}\ncodec {}\n\n{:<8} {:<8} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14}   stage ms (front/prefill/decode/codec/encode)\n",
+            "engine {}\ndevice {}\npackage {}\nmachine {}\ncodec {}\n\n{:<8} {:<8} {:>6} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   stage ms (front/prefill/decode/codec/encode)\n",
             self.engine,
             self.device,
             self.package,
@@ -270,26 +279,30 @@ impl Report {
             self.codec,
             "case",
             "voice",
+            "prompt",
             "codes",
             "codes/s",
             "x real time",
             "RTF",
             "prefill tok/s",
-            "first audio ms"
+            "first audio ms",
+            "stall ms"
         );
         let f = |st: Stat, p: usize| format!("{:.p$} ± {:.p$}", st.median, st.half_range);
         for c in &self.cases {
             let st = &c.stage_ms;
             s.push_str(&format!(
-                "{:<8} {:<8} {:>6.0} {:>16} {:>13} {:>13} {:>16} {:>14}   {:.1}/{:.1}/{:.1}/{:.1}/{:.1}\n",
+                "{:<8} {:<8} {:>6.0} {:>6.0} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   {:.1}/{:.1}/{:.1}/{:.1}/{:.1}\n",
                 c.case,
                 c.voice,
+                c.prompt_tokens.median,
                 c.codes.median,
                 f(c.codes_per_s, 1),
                 f(c.x_real_time, 2),
                 f(c.rtf, 3),
                 f(c.prefill_tok_per_s, 0),
                 f(c.first_audio_ms, 0),
+                f(c.stall_ms, 0),
                 st.front_end.median,
                 st.prefill.median,
                 st.decode.median,

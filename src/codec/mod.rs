@@ -10,13 +10,13 @@ pub mod encoder;
 pub mod stream;
 
 use std::ops::{Deref, DerefMut};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use ort::session::Session;
 use ort::value::{Tensor, TensorElementType, ValueType};
 
 use crate::package::CodecPackage;
-use crate::runtime::{ThreadPlan, session};
+use crate::runtime::{ThreadPlan, Turns, session};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -213,6 +213,8 @@ pub struct CodecPool {
     sessions: usize,
     threads: Option<usize>,
     hop: usize,
+    /// Every run waits its turn with the backbone's (a small CPU: `--cpu-turns`).
+    turns: Option<Arc<Turns>>,
 }
 
 /// Sessions when none are asked for: one per 4 of the codec's threads from 8 threads up (the
@@ -248,12 +250,22 @@ impl CodecPool {
             returned: Condvar::new(),
             threads,
             hop,
+            turns: None,
         }
     }
 
     /// Decodes `codes` in one run on the next free session: `codes.len() * hop` samples.
     pub fn decode(&self, codes: &[u32]) -> Result<Vec<f32>, CodecError> {
-        self.take().decode(codes)
+        let mut lease = self.take();
+        match &self.turns {
+            Some(turns) => turns.codec(|| lease.decode(codes)),
+            None => lease.decode(codes),
+        }
+    }
+
+    /// Makes every [`decode`](Self::decode) take turns with the backbone runs that share `turns`.
+    pub fn take_turns(&mut self, turns: Arc<Turns>) {
+        self.turns = Some(turns);
     }
 
     /// A free session, waiting for one while all are busy.
@@ -303,7 +315,11 @@ impl CodecPool {
             if self.sessions == 1 { "" } else { "s" },
             self.threads
                 .map_or_else(|| "ORT-default".to_owned(), |n| n.to_string())
-        )
+        ) + if self.turns.is_some() {
+            ", taking turns with the backbone"
+        } else {
+            ""
+        }
     }
 }
 

@@ -339,6 +339,11 @@ pub trait Engine: Send {
     fn backbone(&mut self) -> Option<&mut dyn Backbone> {
         None
     }
+    /// The same engine with every run of a backbone in this process waiting its turn with the
+    /// codec, and whether it does (an engine whose backbone runs elsewhere does not).
+    fn take_turns(&mut self, _turns: std::sync::Arc<crate::runtime::Turns>) -> bool {
+        false
+    }
 }
 
 /// A backbone in this process, driven by [`generate`].
@@ -370,6 +375,122 @@ impl Engine for LocalEngine {
 
     fn backbone(&mut self) -> Option<&mut dyn Backbone> {
         Some(self.0.as_mut())
+    }
+
+    fn take_turns(&mut self, turns: std::sync::Arc<crate::runtime::Turns>) -> bool {
+        let inner = std::mem::replace(&mut self.0, Box::new(Vacant));
+        self.0 = Box::new(TakingTurns::new(inner, turns));
+        true
+    }
+}
+
+/// What a [`LocalEngine`] holds for the instant its backbone moves into a wrapper.
+struct Vacant;
+
+impl Backbone for Vacant {
+    fn reset(&mut self) {}
+    fn append(&mut self, _: &[u32]) -> Result<&[f32], EngineError> {
+        Err(EngineError::Params("no backbone".into()))
+    }
+    fn len(&self) -> usize {
+        0
+    }
+    fn budget(&self) -> usize {
+        0
+    }
+    fn describe(&self) -> String {
+        "none".into()
+    }
+}
+
+/// A backbone whose every run waits its turn with the codec ([`crate::runtime::Turns`]).
+pub struct TakingTurns {
+    inner: Box<dyn Backbone>,
+    turns: std::sync::Arc<crate::runtime::Turns>,
+    /// The inner backbone's [`BatchBackbone::can_pad`] (`batch` needs `&mut`).
+    can_pad: bool,
+}
+
+impl TakingTurns {
+    pub fn new(mut inner: Box<dyn Backbone>, turns: std::sync::Arc<crate::runtime::Turns>) -> Self {
+        let can_pad = inner.batch().is_some_and(|b| b.can_pad());
+        Self {
+            inner,
+            turns,
+            can_pad,
+        }
+    }
+
+    fn batched(&mut self) -> Result<&mut dyn BatchBackbone, EngineError> {
+        self.inner
+            .batch()
+            .ok_or_else(|| EngineError::Params("this backbone runs one sequence at a time".into()))
+    }
+}
+
+impl Backbone for TakingTurns {
+    fn reset(&mut self) {
+        self.inner.reset();
+    }
+    fn append(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        let (inner, turns) = (&mut self.inner, &self.turns);
+        turns.backbone(|| inner.append(tokens))
+    }
+    fn prefill(&mut self, tokens: &[u32], cancel: &[&CancelToken]) -> Result<&[f32], EngineError> {
+        let (inner, turns) = (&mut self.inner, &self.turns);
+        turns.backbone(|| inner.prefill(tokens, cancel))
+    }
+    fn logits_layout(&self) -> LogitsLayout {
+        self.inner.logits_layout()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn budget(&self) -> usize {
+        self.inner.budget()
+    }
+    fn static_kv(&self) -> Option<usize> {
+        self.inner.static_kv()
+    }
+    fn describe(&self) -> String {
+        format!("{}; taking turns with the codec", self.inner.describe())
+    }
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+    fn batch(&mut self) -> Option<&mut dyn BatchBackbone> {
+        if self.inner.batch().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+impl BatchBackbone for TakingTurns {
+    fn open(&mut self, slot: usize) -> Result<(), EngineError> {
+        self.batched()?.open(slot)
+    }
+    fn extend(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        cancel: &[&CancelToken],
+    ) -> Result<&[f32], EngineError> {
+        let turns = self.turns.clone();
+        let inner = self.batched()?;
+        turns.backbone(|| inner.extend(slot, tokens, cancel))
+    }
+    fn step_padded(&mut self, tokens: &[u32], pad: usize) -> Result<&[f32], EngineError> {
+        let turns = self.turns.clone();
+        let inner = self.batched()?;
+        turns.backbone(|| inner.step_padded(tokens, pad))
+    }
+    fn can_pad(&self) -> bool {
+        self.can_pad
+    }
+    fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError> {
+        self.batched()?.close(slot, running)
     }
 }
 

@@ -12,8 +12,10 @@
 
 pub mod session;
 pub mod threads;
+pub mod turns;
 
 pub use threads::{CpuTopology, ThreadPlan, ThreadPolicy};
+pub use turns::{Turns, TurnsMode};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};

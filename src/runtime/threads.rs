@@ -100,6 +100,13 @@ impl CpuTopology {
         self.cores.len()
     }
 
+    /// Physical cores this process may keep busy: within its affinity mask and CPU quota.
+    pub fn usable_cores(&self) -> usize {
+        self.quota
+            .map_or(self.physical_cores(), |q| q.min(self.physical_cores()))
+            .max(1)
+    }
+
     pub fn logical_cpus(&self) -> usize {
         self.cores.iter().map(Vec::len).sum()
     }
@@ -142,10 +149,7 @@ impl ThreadPlan {
                 affinities: None,
             },
             ThreadPolicy::Tuned => {
-                let usable = topo
-                    .quota
-                    .map_or(topo.physical_cores(), |q| q.min(topo.physical_cores()))
-                    .clamp(1, MAX_THREADS);
+                let usable = topo.usable_cores().min(MAX_THREADS);
                 let threads = explicit.unwrap_or(usable).max(1);
                 Self {
                     intra_threads: Some(threads),

@@ -7,7 +7,7 @@ use std::ops::{ControlFlow, Range};
 use std::time::{Duration, Instant};
 
 use crate::audio::{OutputPipeline, OutputSpec};
-use crate::codec::stream::{StreamDecoder, StreamError, decode_whole};
+use crate::codec::stream::{StreamDecoder, StreamError, TailMode, Windows, decode_whole};
 use crate::codec::{CodecError, CodecPool};
 
 use super::{SynthError, SynthEvent};
@@ -26,6 +26,8 @@ pub struct AudioTally {
     pub encode: Duration,
     /// From the request's start to the first bytes handed out.
     pub first_audio: Option<Duration>,
+    /// A listener's waits after the first audio ([`crate::metrics::StageTimings::stall`]).
+    pub stall: Duration,
 }
 
 type Decode<'a> = Box<dyn FnMut(&[i32]) -> Result<Vec<f32>, CodecError> + 'a>;
@@ -46,7 +48,8 @@ pub(crate) struct AudioStage<'a> {
     pipeline: OutputPipeline,
     /// The voice's codes: left context of the first streamed window of every piece.
     reference: Vec<i32>,
-    windowed: bool,
+    /// The window layout when decoding while codes arrive; `None`: each piece whole.
+    windows: Option<Windows>,
     pieces: usize,
     pause: Vec<f32>,
     /// Codec-rate samples per second of output: a markup pause lasts its time in the output
@@ -64,15 +67,15 @@ pub(crate) struct AudioStage<'a> {
 }
 
 impl<'a> AudioStage<'a> {
-    /// `windowed`: decode in overlapping windows as codes arrive (the streaming path) rather than
-    /// each piece whole. `t0` is the request's start, for the first-audio time.
+    /// `windows`: decode in overlapping windows of this layout as codes arrive (the streaming
+    /// path); `None`: each piece whole. `t0` is the request's start, for the first-audio time.
     pub fn new(
         codec: &'a CodecPool,
         output: &OutputSpec,
         codec_rate: u32,
         reference: &[u32],
         pieces: usize,
-        windowed: bool,
+        windows: Option<Windows>,
         t0: Instant,
     ) -> Result<Self, SynthError> {
         // Setting up the encoder (LAME, libopus, ...) is part of encoding's cost.
@@ -86,7 +89,7 @@ impl<'a> AudioStage<'a> {
             codec,
             pipeline,
             reference: as_i32(reference),
-            windowed,
+            windows,
             pieces,
             pause: vec![0.0f32; (PIECE_PAUSE_S * codec_rate as f32) as usize],
             pause_rate: f64::from(codec_rate) * f64::from(output.speed),
@@ -125,9 +128,9 @@ impl<'a> AudioStage<'a> {
         }
         self.piece_start = self.tally.samples;
         let codec = self.codec;
-        let stream = self.windowed.then(|| {
+        let stream = self.windows.map(|windows| {
             let decode: Decode<'a> = Box::new(move |codes: &[i32]| decode_i32(codec, codes));
-            StreamDecoder::new(decode, &self.reference)
+            StreamDecoder::with_layout(decode, &self.reference, TailMode::default(), windows)
         });
         // Fades only where pieces meet, so a one-piece request is the plain decoder output.
         self.piece = Some(PieceAudio {
@@ -246,6 +249,20 @@ impl<'a> AudioStage<'a> {
         Ok(tally)
     }
 
+    /// Plays what went out so far to a listener who started at the first audio and pauses
+    /// whenever it runs out: whatever of the time since then it could not fill was a stall.
+    fn listen(&mut self) {
+        let Some(first) = self.tally.first_audio else {
+            return;
+        };
+        let had = Duration::from_secs_f64(self.tally.samples as f64 / self.pause_rate.max(1.0));
+        self.tally.stall += new_stall(
+            self.t0.elapsed().saturating_sub(first),
+            self.tally.stall,
+            had,
+        );
+    }
+
     /// Pushes samples through the output pipeline and hands the bytes to the sink, a second of
     /// audio at a time: a long piece decoded whole would otherwise pass through the speed
     /// change, the resampler and the encoder in one go, each making a copy as long as the piece
@@ -257,6 +274,7 @@ impl<'a> AudioStage<'a> {
         samples: &[f32],
         sink: &mut dyn FnMut(SynthEvent<'_>) -> ControlFlow<()>,
     ) -> Result<bool, SynthError> {
+        self.listen();
         self.tally.samples += samples.len();
         // Empty input is still one push: it closes an Opus page as it always did.
         let blocks = samples.len().div_ceil(self.block).max(1);
@@ -274,6 +292,12 @@ impl<'a> AudioStage<'a> {
         }
         Ok(true)
     }
+}
+
+/// The wait a listener adds now, `since_first` after the first audio, having waited `stalled`
+/// so far and been given `had` of audio: the play time it could not fill.
+fn new_stall(since_first: Duration, stalled: Duration, had: Duration) -> Duration {
+    since_first.saturating_sub(stalled).saturating_sub(had)
 }
 
 /// Hands encoded bytes to the sink; false when it asked to stop.
@@ -330,4 +354,22 @@ fn stream_error(e: StreamError<CodecError>) -> SynthError {
             got,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_waits_only_when_the_audio_runs_out() {
+        let s = Duration::from_secs;
+        // 2 s of audio went out at the start; 3 s later the next piece comes: 1 s of waiting.
+        assert_eq!(new_stall(s(3), s(0), s(2)), s(1));
+        // Having waited that second, at 4 s with 3 s given it has played 3 s: no new wait.
+        assert_eq!(new_stall(s(4), s(1), s(3)), s(0));
+        // Ahead of playback: nothing.
+        assert_eq!(new_stall(s(1), s(0), s(5)), s(0));
+        // 6 s in, 1 s waited, 4 s given: it ran dry after 5 s of wall time, 1 s more.
+        assert_eq!(new_stall(s(6), s(1), s(4)), s(1));
+    }
 }

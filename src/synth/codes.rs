@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::audio::OutputSpec;
 use crate::codec::CodecPool;
+use crate::codec::stream::Windows;
 use crate::package::SPEECH_CODES;
 
 use super::audio::{AudioStage, AudioTally};
@@ -28,9 +29,13 @@ pub const CODES_FORMAT: &str = "onebit-tts.codes.v1";
 pub enum Decoding {
     /// Each piece decoded in one run once it ended (files: `say`, non-streamed HTTP responses).
     Whole,
-    /// The vendor's overlapping windows while codes arrived, with the voice's codes as left
-    /// context (streamed HTTP responses).
+    /// Overlapping windows while codes arrived (the vendor's unless `windows` says otherwise),
+    /// with the voice's codes as left context (streamed HTTP responses).
     Windowed,
+}
+
+fn is_vendor(w: &Windows) -> bool {
+    w.is_vendor()
 }
 
 /// The codes of one synthesis.
@@ -49,6 +54,9 @@ pub struct SpeechCodes {
     /// The codec rate the codes are for (NeuCodec: 24000).
     pub sample_rate: u32,
     pub decoding: Decoding,
+    /// The window layout of windowed decoding (absent: the vendor's).
+    #[serde(default, skip_serializing_if = "is_vendor")]
+    pub windows: Windows,
     /// The voice's reference codes: left context of windowed decoding.
     pub reference_codes: Vec<u32>,
     /// Pieces the text was cut into; more than `pieces` lists when max_new_tokens ran out or the
@@ -138,6 +146,7 @@ impl SpeechCodes {
             } else {
                 Decoding::Whole
             },
+            windows: synth.windows,
             reference_codes: voice.codes.clone(),
             planned_pieces: report.planned_pieces,
             pieces: report
@@ -238,7 +247,7 @@ impl SpeechCodes {
             codec_rate,
             &self.reference_codes,
             self.planned_pieces.max(self.pieces.len()),
-            self.decoding == Decoding::Windowed,
+            (self.decoding == Decoding::Windowed).then_some(self.windows),
             Instant::now(),
         )?;
         let mut events = |ev: SynthEvent<'_>| match ev {

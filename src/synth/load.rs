@@ -21,6 +21,10 @@ pub struct SynthConfig {
     pub voice_dirs: Vec<PathBuf>,
     pub ort: OrtOptions,
     pub codec_threads: Option<usize>,
+    /// Whether the backbone and the codec take turns on the CPU (`--cpu-turns`).
+    pub cpu_turns: crate::runtime::TurnsMode,
+    /// The window layout of streamed decoding (`--stream-windows`; the vendor's by default).
+    pub stream_windows: crate::codec::stream::Windows,
     /// Codec sessions that decode side by side (`--codec-sessions`); `None`: the measured
     /// default for the codec's threads ([`codec::default_sessions`]).
     pub codec_sessions: Option<usize>,

@@ -18,6 +18,7 @@ pub mod timing;
 use std::path::{Path, PathBuf};
 
 use crate::audio::OutputSpec;
+use crate::codec::stream::Windows;
 use crate::codec::{CodecError, CodecPool};
 use crate::engine::device::Device;
 use crate::engine::{
@@ -258,6 +259,8 @@ pub struct Synthesizer {
     /// Wait before the one retry of a whole-file request that failed transiently; `None`: no
     /// retry. On the NPU [`crate::engine::worker::NPU_RETRY_DELAY`], elsewhere none.
     retry: Option<std::time::Duration>,
+    /// The window layout of streamed decoding (`--stream-windows`).
+    windows: Windows,
 }
 
 impl Synthesizer {
@@ -266,8 +269,18 @@ impl Synthesizer {
         let mut engine = load_engine(cfg, front.package())?;
         // The codec's default sessions follow the streams that will really run at once.
         let streams = Scheduler::places(engine.as_mut(), &cfg.scheduler);
-        let codec = load_codec(cfg, &front.package().codec, streams)?;
-        Self::from_parts(front, engine, codec, cfg.scheduler)
+        let mut codec = load_codec(cfg, &front.package().codec, streams)?;
+        let here_on_cpu = engine.device() == Device::Cpu && engine.worker().is_none();
+        let cores = crate::runtime::CpuTopology::detect().usable_cores();
+        if cfg.cpu_turns.resolve(here_on_cpu, cores) {
+            let turns = std::sync::Arc::new(crate::runtime::Turns::new());
+            if engine.take_turns(turns.clone()) {
+                codec.take_turns(turns);
+            }
+        }
+        let mut me = Self::from_parts(front, engine, codec, cfg.scheduler)?;
+        me.windows = cfg.stream_windows;
+        Ok(me)
     }
 
     /// Assembles a synthesizer from loaded parts (other backbones, tests).
@@ -296,6 +309,7 @@ impl Synthesizer {
             device,
             worker,
             description,
+            windows: Windows::VENDOR,
         })
     }
 
@@ -307,6 +321,16 @@ impl Synthesizer {
     /// The scheduler's live numbers (batch size, steps).
     pub fn scheduler_stats(&self) -> &SchedulerStats {
         self.scheduler.stats()
+    }
+
+    /// The window layout streamed requests decode in.
+    pub fn stream_windows(&self) -> Windows {
+        self.windows
+    }
+
+    /// Decode streamed requests in `windows` instead (for synthesizers built from parts).
+    pub fn set_stream_windows(&mut self, windows: Windows) {
+        self.windows = windows;
     }
 
     /// The codec's sessions and threads ("2 sessions x 8 threads").

@@ -39,7 +39,7 @@ impl Synthesizer {
             rate,
             &voice.codes,
             pieces.len(),
-            req.output.streaming,
+            req.output.streaming.then_some(self.windows),
             t0,
         )?;
         let estimated_codes = pieces.iter().map(|p| p.estimated_codes).sum();
@@ -249,6 +249,7 @@ impl Synthesizer {
         out.timings.codec = tally.codec;
         out.timings.encode = tally.encode;
         out.timings.first_audio = tally.first_audio;
+        out.timings.stall = tally.stall;
         out.timings.front_end = front_end;
         out.timings.total = t0.elapsed();
         if out.npu_idle() {

@@ -1,0 +1,205 @@
+//! Taking turns on a small CPU. The backbone and the NeuCodec decoder each run an ONNX Runtime
+//! pool as wide as the usable cores, and a streamed request runs both at once: the backbone makes
+//! the codes of the next window while the codec decodes the last one. On 2 cores two such pools at
+//! once share the cores badly (each run's threads wait on threads the other pool holds), and the
+//! two in turn finish sooner (docs/performance.md, "Whole streaming synthesis on 2 cores").
+//! [`Turns`] makes them alternate run by run: a codec run waits for the backbone's run in progress
+//! (one decode step, or one prefill chunk), and the backbone's next run waits until no codec run
+//! is waiting or running, so a window's audio leaves as early as it can.
+
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+
+/// Whether the backbone and the codec take turns (`--cpu-turns`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TurnsMode {
+    /// On where both run on fewer than [`AUTO_BELOW_CORES`] usable cores (the backbone in this
+    /// process on the CPU); elsewhere they overlap.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// `auto` takes turns below this many usable physical cores: measured faster on 2; on 16 the
+/// codec beside the backbone was measured to pay (docs/performance.md).
+pub const AUTO_BELOW_CORES: usize = 4;
+
+impl TurnsMode {
+    /// Whether a backbone on the CPU of this process and the codec take turns on `cores` usable
+    /// physical cores.
+    pub fn resolve(self, backbone_on_cpu_here: bool, cores: usize) -> bool {
+        match self {
+            Self::On => true,
+            Self::Off => false,
+            Self::Auto => backbone_on_cpu_here && cores < AUTO_BELOW_CORES,
+        }
+    }
+}
+
+impl std::str::FromStr for TurnsMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            _ => Err(format!("{s:?}: expected auto, on or off")),
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Codec runs waiting or running.
+    codec: usize,
+    backbone: bool,
+}
+
+/// The gate both sides pass for every run.
+#[derive(Default)]
+pub struct Turns {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl std::fmt::Debug for Turns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Turns")
+    }
+}
+
+/// Gives the turn back when dropped, a panic in the run included.
+struct Release<'a> {
+    turns: &'a Turns,
+    codec: bool,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let mut s = self.turns.lock();
+        if self.codec {
+            s.codec -= 1;
+        } else {
+            s.backbone = false;
+        }
+        drop(s);
+        self.turns.changed.notify_all();
+    }
+}
+
+impl Turns {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(&self, s: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed.wait(s).unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs one backbone run once no codec run is waiting or running.
+    pub fn backbone<T>(&self, run: impl FnOnce() -> T) -> T {
+        let mut s = self.lock();
+        while s.codec > 0 {
+            s = self.wait(s);
+        }
+        s.backbone = true;
+        drop(s);
+        let _release = Release {
+            turns: self,
+            codec: false,
+        };
+        run()
+    }
+
+    /// Runs one codec run once the backbone's run in progress has ended; the backbone starts no
+    /// new run meanwhile. Codec runs may overlap each other (their sessions share the threads).
+    pub fn codec<T>(&self, run: impl FnOnce() -> T) -> T {
+        let mut s = self.lock();
+        s.codec += 1;
+        // From here on the backbone starts nothing new; the Release below counts this run out
+        // however it ends.
+        let _release = Release {
+            turns: self,
+            codec: true,
+        };
+        while s.backbone {
+            s = self.wait(s);
+        }
+        drop(s);
+        run()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::mpsc;
+
+    #[test]
+    fn auto_takes_turns_only_for_a_backbone_on_few_local_cores() {
+        assert!(TurnsMode::Auto.resolve(true, 2));
+        assert!(TurnsMode::Auto.resolve(true, 3));
+        assert!(!TurnsMode::Auto.resolve(true, 4));
+        assert!(!TurnsMode::Auto.resolve(false, 2));
+        assert!(TurnsMode::On.resolve(false, 64));
+        assert!(!TurnsMode::Off.resolve(true, 2));
+        assert_eq!("on".parse(), Ok(TurnsMode::On));
+        assert!("yes".parse::<TurnsMode>().is_err());
+    }
+
+    #[test]
+    fn a_waiting_codec_run_goes_before_the_backbones_next_run() {
+        let turns = Arc::new(Turns::new());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (in_step, step_started) = mpsc::channel();
+        let (finish_step, step_may_end) = mpsc::channel::<()>();
+        // The backbone is inside a run.
+        let backbone = {
+            let (turns, order) = (turns.clone(), order.clone());
+            std::thread::spawn(move || {
+                turns.backbone(|| {
+                    in_step.send(()).unwrap();
+                    step_may_end.recv().unwrap();
+                    order.lock().unwrap().push("step 1");
+                });
+                // Its next run: must come after the codec run that asked meanwhile.
+                turns.backbone(|| order.lock().unwrap().push("step 2"));
+            })
+        };
+        step_started.recv().unwrap();
+        let codec = {
+            let (turns, order) = (turns.clone(), order.clone());
+            std::thread::spawn(move || turns.codec(|| order.lock().unwrap().push("codec")))
+        };
+        // Until the codec run has counted itself in (it then waits for the step to end).
+        while turns.lock().codec == 0 {
+            std::thread::yield_now();
+        }
+        finish_step.send(()).unwrap();
+        codec.join().unwrap();
+        backbone.join().unwrap();
+        assert_eq!(*order.lock().unwrap(), ["step 1", "codec", "step 2"]);
+        let s = turns.lock();
+        assert_eq!((s.codec, s.backbone), (0, false));
+    }
+
+    #[test]
+    fn a_panicking_run_gives_its_turn_back() {
+        let turns = Turns::new();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            turns.codec(|| panic!("codec run failed"))
+        }));
+        assert!(r.is_err());
+        assert_eq!(turns.backbone(|| 7), 7);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            turns.backbone(|| panic!("step failed"))
+        }));
+        assert!(r.is_err());
+        assert_eq!(turns.codec(|| 8), 8);
+    }
+}
