@@ -12,8 +12,8 @@ use onebit_tts::audio::{AudioFormat, OutputSpec};
 use onebit_tts::codec::stream::Windows;
 use onebit_tts::engine::{CancelToken, GenerationParams, SamplingParams};
 use onebit_tts::synth::{
-    CODES_FORMAT, Decoding, SpeechCodes, SpeechRequest, SynthConfig, SynthEvent, Synthesizer,
-    load_codec,
+    CODES_FORMAT, CODES_FORMAT_WINDOWS, Decoding, SpeechCodes, SpeechRequest, SynthConfig,
+    SynthEvent, Synthesizer, load_codec,
 };
 
 /// Twelve sentences: more than one piece on models/tiny-static (512 KV positions).
@@ -283,8 +283,15 @@ fn streamed_codes_decode_in_their_layout(windows: Windows) {
         assert!(report.pieces.len() > 1);
         let doc = SpeechCodes::of(&synth, &req, &report).unwrap();
         assert_eq!((doc.decoding, doc.windows), (Decoding::Windowed, windows));
-        // The vendor's layout is not written, so documents of earlier versions read as before.
+        // The vendor's layout is not written, so documents of earlier versions read as before;
+        // another layout makes a format they refuse rather than decode in the wrong windows.
         assert_eq!(doc.to_json().contains("\"windows\""), !windows.is_vendor());
+        let format_name = if windows.is_vendor() {
+            CODES_FORMAT
+        } else {
+            CODES_FORMAT_WINDOWS
+        };
+        assert_eq!(doc.codes_format, format_name);
         let doc = SpeechCodes::from_json(&doc.to_json()).unwrap();
         assert_eq!(doc.windows, windows);
 
@@ -351,6 +358,14 @@ fn broken_codes_documents_are_refused_and_write_nothing() {
                 bad.to_json()
             },
             "piece 0, code 3: 70000 is outside the codec's 0..65535",
+        ),
+        (
+            "bad-windows",
+            good.to_json().replace(
+                "\"decoding\":\"whole\"",
+                "\"decoding\":\"windowed\",\"windows\":{\"lookback\":25,\"chunk\":0}",
+            ),
+            "chunk 0 is outside 1..=200 codes",
         ),
         (
             "wrong-rate",

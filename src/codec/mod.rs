@@ -258,7 +258,7 @@ impl CodecPool {
     pub fn decode(&self, codes: &[u32]) -> Result<Vec<f32>, CodecError> {
         let mut lease = self.take();
         match &self.turns {
-            Some(turns) => turns.codec(|| lease.decode(codes)),
+            Some(turns) => turns.codec(codes.len(), || lease.decode(codes)),
             None => lease.decode(codes),
         }
     }

@@ -47,8 +47,10 @@ pub const STRIDE_SAMPLES: usize = FRAMES_PER_CHUNK * SAMPLES_PER_CODE;
 pub const CODES_PER_DECODE: usize = FRAMES_PER_CHUNK + LOOKFORWARD;
 
 /// The window layout of the streaming decoder: how many codes of left context each decode sees
-/// and how many codes each chunk after the first emits. The first chunk is always the vendor's
-/// ([`FRAMES_PER_CHUNK`] codes, out after [`CODES_PER_DECODE`]), so the first audio is never later.
+/// and how many codes each chunk after the first emits. The first chunk always has the vendor's
+/// size ([`FRAMES_PER_CHUNK`] codes, out after [`CODES_PER_DECODE`]); its look-back is the
+/// layout's, so with reference codes its samples are the vendor's only at the vendor's look-back,
+/// and a longer look-back makes its decode (not its start) longer.
 ///
 /// NeuCodec's decoder runs a bidirectional transformer over the whole window, so every frame's
 /// samples depend on every code in it: only the vendor's layout gives the vendor's samples, and no
@@ -57,6 +59,7 @@ pub const CODES_PER_DECODE: usize = FRAMES_PER_CHUNK + LOOKFORWARD;
 /// vendor's) at the cost of samples that differ from the vendor's; docs/performance.md gives the
 /// measured difference and cost of each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "RawWindows")]
 pub struct Windows {
     /// Codes of left context before the overlap frame.
     pub lookback: usize,
@@ -94,6 +97,20 @@ impl Windows {
 
     pub fn is_vendor(&self) -> bool {
         *self == Self::VENDOR
+    }
+}
+
+/// A layout as a document holds it, checked by [`Windows::new`] before use.
+#[derive(serde::Deserialize)]
+struct RawWindows {
+    lookback: usize,
+    chunk: usize,
+}
+
+impl TryFrom<RawWindows> for Windows {
+    type Error = String;
+    fn try_from(r: RawWindows) -> Result<Self, String> {
+        Self::new(r.lookback, r.chunk)
     }
 }
 

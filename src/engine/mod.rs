@@ -434,11 +434,11 @@ impl Backbone for TakingTurns {
     }
     fn append(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
         let (inner, turns) = (&mut self.inner, &self.turns);
-        turns.backbone(|| inner.append(tokens))
+        turns.backbone(tokens.len(), || inner.append(tokens))
     }
     fn prefill(&mut self, tokens: &[u32], cancel: &[&CancelToken]) -> Result<&[f32], EngineError> {
         let (inner, turns) = (&mut self.inner, &self.turns);
-        turns.backbone(|| inner.prefill(tokens, cancel))
+        turns.backbone(tokens.len(), || inner.prefill(tokens, cancel))
     }
     fn logits_layout(&self) -> LogitsLayout {
         self.inner.logits_layout()
@@ -479,12 +479,13 @@ impl BatchBackbone for TakingTurns {
     ) -> Result<&[f32], EngineError> {
         let turns = self.turns.clone();
         let inner = self.batched()?;
-        turns.backbone(|| inner.extend(slot, tokens, cancel))
+        turns.backbone(tokens.len(), || inner.extend(slot, tokens, cancel))
     }
     fn step_padded(&mut self, tokens: &[u32], pad: usize) -> Result<&[f32], EngineError> {
         let turns = self.turns.clone();
         let inner = self.batched()?;
-        turns.backbone(|| inner.step_padded(tokens, pad))
+        // A step appends one token to each sequence.
+        turns.backbone(1, || inner.step_padded(tokens, pad))
     }
     fn can_pad(&self) -> bool {
         self.can_pad

@@ -5,7 +5,9 @@
 //! two in turn finish sooner (docs/performance.md, "Whole streaming synthesis on 2 cores").
 //! [`Turns`] makes them alternate run by run: a codec run waits for the backbone's run in progress
 //! (one decode step, or one prefill chunk), and the backbone's next run waits until no codec run
-//! is waiting or running, so a window's audio leaves as early as it can.
+//! is waiting or running, so a window's audio leaves as early as it can. Only short runs take
+//! turns ([`TURN_TOKENS`], [`TURN_FRAMES`]): a whole prompt prefilled in one run, or a long piece
+//! decoded whole, overlaps as before, so no stream's window waits seconds for another's prompt.
 
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
@@ -24,14 +26,22 @@ pub enum TurnsMode {
 /// codec beside the backbone was measured to pay (docs/performance.md).
 pub const AUTO_BELOW_CORES: usize = 4;
 
+/// The longest backbone run that takes turns, in tokens: a decode step, or one prefill chunk
+/// beside running requests (the scheduler's 64 by default, ~0.25 s on 2 cores).
+pub const TURN_TOKENS: usize = 64;
+
+/// The longest codec run that takes turns, in frames: every streaming window (at most
+/// 100 + 200 + 6 frames), not a long piece decoded whole.
+pub const TURN_FRAMES: usize = 320;
+
 impl TurnsMode {
     /// Whether a backbone on the CPU of this process and the codec take turns on `cores` usable
-    /// physical cores.
-    pub fn resolve(self, backbone_on_cpu_here: bool, cores: usize) -> bool {
+    /// physical cores, their pools having `threads` intra-op threads together.
+    pub fn resolve(self, backbone_on_cpu_here: bool, cores: usize, threads: usize) -> bool {
         match self {
             Self::On => true,
             Self::Off => false,
-            Self::Auto => backbone_on_cpu_here && cores < AUTO_BELOW_CORES,
+            Self::Auto => backbone_on_cpu_here && cores < AUTO_BELOW_CORES && threads > cores,
         }
     }
 }
@@ -100,8 +110,12 @@ impl Turns {
         self.changed.wait(s).unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs one backbone run once no codec run is waiting or running.
-    pub fn backbone<T>(&self, run: impl FnOnce() -> T) -> T {
+    /// Runs one backbone run of `tokens` tokens once no codec run is waiting or running; a run
+    /// longer than [`TURN_TOKENS`] does not wait.
+    pub fn backbone<T>(&self, tokens: usize, run: impl FnOnce() -> T) -> T {
+        if tokens > TURN_TOKENS {
+            return run();
+        }
         let mut s = self.lock();
         while s.codec > 0 {
             s = self.wait(s);
@@ -115,9 +129,13 @@ impl Turns {
         run()
     }
 
-    /// Runs one codec run once the backbone's run in progress has ended; the backbone starts no
-    /// new run meanwhile. Codec runs may overlap each other (their sessions share the threads).
-    pub fn codec<T>(&self, run: impl FnOnce() -> T) -> T {
+    /// Runs one codec run of `frames` frames once the backbone's run in progress has ended; the
+    /// backbone starts no new run meanwhile. Codec runs may overlap each other (their sessions
+    /// share the threads). A run longer than [`TURN_FRAMES`] does not wait.
+    pub fn codec<T>(&self, frames: usize, run: impl FnOnce() -> T) -> T {
+        if frames > TURN_FRAMES {
+            return run();
+        }
         let mut s = self.lock();
         s.codec += 1;
         // From here on the backbone starts nothing new; the Release below counts this run out
@@ -142,12 +160,14 @@ mod tests {
 
     #[test]
     fn auto_takes_turns_only_for_a_backbone_on_few_local_cores() {
-        assert!(TurnsMode::Auto.resolve(true, 2));
-        assert!(TurnsMode::Auto.resolve(true, 3));
-        assert!(!TurnsMode::Auto.resolve(true, 4));
-        assert!(!TurnsMode::Auto.resolve(false, 2));
-        assert!(TurnsMode::On.resolve(false, 64));
-        assert!(!TurnsMode::Off.resolve(true, 2));
+        assert!(TurnsMode::Auto.resolve(true, 2, 4));
+        assert!(TurnsMode::Auto.resolve(true, 3, 6));
+        assert!(!TurnsMode::Auto.resolve(true, 4, 8));
+        assert!(!TurnsMode::Auto.resolve(false, 2, 4));
+        // One thread each on 2 cores: they do not share a core, nothing to take turns for.
+        assert!(!TurnsMode::Auto.resolve(true, 2, 2));
+        assert!(TurnsMode::On.resolve(false, 64, 2));
+        assert!(!TurnsMode::Off.resolve(true, 2, 4));
         assert_eq!("on".parse(), Ok(TurnsMode::On));
         assert!("yes".parse::<TurnsMode>().is_err());
     }
@@ -162,19 +182,19 @@ mod tests {
         let backbone = {
             let (turns, order) = (turns.clone(), order.clone());
             std::thread::spawn(move || {
-                turns.backbone(|| {
+                turns.backbone(1, || {
                     in_step.send(()).unwrap();
                     step_may_end.recv().unwrap();
                     order.lock().unwrap().push("step 1");
                 });
                 // Its next run: must come after the codec run that asked meanwhile.
-                turns.backbone(|| order.lock().unwrap().push("step 2"));
+                turns.backbone(1, || order.lock().unwrap().push("step 2"));
             })
         };
         step_started.recv().unwrap();
         let codec = {
             let (turns, order) = (turns.clone(), order.clone());
-            std::thread::spawn(move || turns.codec(|| order.lock().unwrap().push("codec")))
+            std::thread::spawn(move || turns.codec(81, || order.lock().unwrap().push("codec")))
         };
         // Until the codec run has counted itself in (it then waits for the step to end).
         while turns.lock().codec == 0 {
@@ -192,14 +212,29 @@ mod tests {
     fn a_panicking_run_gives_its_turn_back() {
         let turns = Turns::new();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            turns.codec(|| panic!("codec run failed"))
+            turns.codec(81, || panic!("codec run failed"))
         }));
         assert!(r.is_err());
-        assert_eq!(turns.backbone(|| 7), 7);
+        assert_eq!(turns.backbone(1, || 7), 7);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            turns.backbone(|| panic!("step failed"))
+            turns.backbone(1, || panic!("step failed"))
         }));
         assert!(r.is_err());
-        assert_eq!(turns.codec(|| 8), 8);
+        assert_eq!(turns.codec(81, || 8), 8);
+    }
+
+    #[test]
+    fn long_runs_do_not_wait() {
+        let turns = Turns::new();
+        // A codec run is waiting or running (counted in, as a window in progress is).
+        turns.lock().codec = 1;
+        // A whole prompt prefilled in one run goes ahead; a short step would wait.
+        assert_eq!(turns.backbone(TURN_TOKENS + 1, || "prefill"), "prefill");
+        turns.lock().codec = 0;
+        turns.lock().backbone = true;
+        // A long piece decoded whole goes ahead of a step in progress.
+        assert_eq!(turns.codec(TURN_FRAMES + 1, || "whole"), "whole");
+        let s = turns.lock();
+        assert_eq!((s.codec, s.backbone), (0, true));
     }
 }

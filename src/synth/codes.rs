@@ -21,6 +21,10 @@ use super::{SpeechRequest, SynthError, SynthEvent, SynthesisReport, Synthesizer}
 
 /// The `codes_format` of the documents this version writes and reads.
 pub const CODES_FORMAT: &str = "onebit-tts.codes.v1";
+/// The `codes_format` of a document decoded in other windows than the vendor's (`windows`):
+/// a version that reads only [`CODES_FORMAT`] refuses it rather than decode it in the vendor's
+/// windows, which would give other samples.
+pub const CODES_FORMAT_WINDOWS: &str = "onebit-tts.codes.v2";
 
 /// How the codes were turned into audio: decoding changes the samples, so it is part of the
 /// record.
@@ -101,7 +105,7 @@ pub enum CodesError {
     #[error("not a codes document: {0}")]
     Json(#[from] serde_json::Error),
     #[error(
-        "codes_format is {found:?}; this version reads {CODES_FORMAT:?} (write the codes again with this version's `say --codes`)"
+        "codes_format is {found:?}; this version reads {CODES_FORMAT:?} and {CODES_FORMAT_WINDOWS:?} (write the codes again with this version's `say --codes`)"
     )]
     Format { found: String },
     #[error("a pause of {0} s is not one markup can make (0 to 10 s)")]
@@ -133,8 +137,19 @@ impl SpeechCodes {
             || pkg.dir.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
+        // Only windowed decoding has a layout; a whole decode records none.
+        let windows = if req.output.streaming {
+            synth.windows
+        } else {
+            Windows::VENDOR
+        };
         Ok(Self {
-            codes_format: CODES_FORMAT.to_owned(),
+            codes_format: if windows.is_vendor() {
+                CODES_FORMAT
+            } else {
+                CODES_FORMAT_WINDOWS
+            }
+            .to_owned(),
             model,
             voice: req.voice.clone(),
             text: req.text.clone(),
@@ -146,7 +161,7 @@ impl SpeechCodes {
             } else {
                 Decoding::Whole
             },
-            windows: synth.windows,
+            windows,
             reference_codes: voice.codes.clone(),
             planned_pieces: report.planned_pieces,
             pieces: report
@@ -177,7 +192,7 @@ impl SpeechCodes {
         }
         let head: Head = serde_json::from_str(text)?;
         match head.codes_format {
-            Some(f) if f == CODES_FORMAT => {}
+            Some(f) if f == CODES_FORMAT || f == CODES_FORMAT_WINDOWS => {}
             found => {
                 return Err(CodesError::Format {
                     found: found.unwrap_or_else(|| "missing".to_owned()),

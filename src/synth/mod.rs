@@ -33,7 +33,9 @@ use crate::text::{Language, TextError};
 use crate::voice::{Voice, VoiceError, VoiceStore};
 
 pub use audio::{AudioTally, PIECE_PAUSE_S};
-pub use codes::{CODES_FORMAT, CodesError, Decoding, PieceCodes, SpeechCodes};
+pub use codes::{
+    CODES_FORMAT, CODES_FORMAT_WINDOWS, CodesError, Decoding, PieceCodes, SpeechCodes,
+};
 pub use load::{EngineKind, SynthConfig, device_label, load_codec, load_engine, resolve_dir};
 pub use plan::{
     BUDGET_CHARS_PER_SECOND, BUDGET_FACTOR, BUDGET_FLOOR_CODES, FrontEnd, Piece, Plan, code_budget,
@@ -272,10 +274,22 @@ impl Synthesizer {
         let mut codec = load_codec(cfg, &front.package().codec, streams)?;
         let here_on_cpu = engine.device() == Device::Cpu && engine.worker().is_none();
         let cores = crate::runtime::CpuTopology::detect().usable_cores();
-        if cfg.cpu_turns.resolve(here_on_cpu, cores) {
+        let threads = |explicit| {
+            crate::runtime::ThreadPlan::for_process(cfg.ort.threads, explicit, None)
+                .intra_threads
+                .unwrap_or(cores)
+        };
+        let threads = threads(cfg.ort.intra_threads) + threads(cfg.codec_threads);
+        if cfg.cpu_turns.resolve(here_on_cpu, cores, threads) {
             let turns = std::sync::Arc::new(crate::runtime::Turns::new());
             if engine.take_turns(turns.clone()) {
                 codec.take_turns(turns);
+            } else {
+                tracing::info!(
+                    "--cpu-turns: the backbone does not run in this process ({}), so it and \
+                     the codec overlap",
+                    engine.describe()
+                );
             }
         }
         let mut me = Self::from_parts(front, engine, codec, cfg.scheduler)?;

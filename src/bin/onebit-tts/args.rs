@@ -126,27 +126,27 @@ pub struct ModelArgs {
     /// --engine ort with a shared KV buffer, else requests run one at a time.
     #[arg(long, env = "ONEBIT_BATCH_INVARIANT")]
     pub batch_invariant: bool,
-    /// NeuCodec decoder sessions that decode side by side, the threads shared out among them
-    /// (each holds its own copy of the decoder). Default: 1 below 8 threads, else one per 4
-    /// threads, at most the requests that run side by side (--max-batch; `say` decodes one
-    /// stream: 1) (measured: docs/performance.md).
     /// Intra-op threads of the NeuCodec decoder sessions, when they should differ from the
-    /// backbone's --threads (the two run at once while a stream plays: docs/performance.md
-    /// measures the split).
+    /// backbone's --threads (docs/performance.md measures splits).
     #[arg(long, env = "ONEBIT_CODEC_THREADS", value_name = "N",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub codec_threads: Option<usize>,
-    /// The backbone and the codec take turns on the CPU (each run waits for the other's)
-    /// instead of running at once: auto (on when the backbone runs in this process on the CPU
-    /// and fewer than 4 physical cores are usable, where it was measured faster), on, off.
+    /// The backbone and the codec take turns on the CPU (a decode step or short prefill chunk
+    /// and a codec window never run at once) instead of overlapping: auto (on when the backbone
+    /// runs in this process on the CPU, fewer than 4 physical cores are usable and the two
+    /// pools' threads together exceed them, where it was measured faster), on, off.
     #[arg(long, env = "ONEBIT_CPU_TURNS", default_value = "auto")]
     pub cpu_turns: onebit_tts::runtime::TurnsMode,
     /// Window layout of streamed decoding: `vendor` (the default: 50 codes of look-back, 25-code
     /// chunks, the vendor's samples exactly) or LOOKBACK:CHUNK in codes, which decodes fewer frames
-    /// per code and changes the samples (measured: docs/performance.md). The first chunk is always
-    /// 25 codes, out after 30.
+    /// per code and changes the samples (measured: docs/performance.md). The first chunk always
+    /// has 25 codes, out after 30.
     #[arg(long, env = "ONEBIT_STREAM_WINDOWS", default_value = "vendor")]
     pub stream_windows: onebit_tts::codec::stream::Windows,
+    /// NeuCodec decoder sessions that decode side by side, the threads shared out among them
+    /// (each holds its own copy of the decoder). Default: 1 below 8 threads, else one per 4
+    /// threads, at most the requests that run side by side (--max-batch; `say` decodes one
+    /// stream: 1) (measured: docs/performance.md).
     #[arg(long, env = "ONEBIT_CODEC_SESSIONS", value_name = "N",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub codec_sessions: Option<usize>,
