@@ -16,7 +16,9 @@
 
 stdout: one JSON line per case (short / medium / long, the texts of src/bench/mod.rs TEXTS):
 prompt_tokens, codes, chunks, and per measured run first_audio_ms, wall_s, audio_s, rtf, stall_ms
-(with their median / min / max), the machine's load average before and after, and the settings.
+(with their median / min / max), first_code_ms (call to the backbone's first streamed token:
+phonemes, tokenizing, prefill, one step) and codec_ms (the vendor's decode_code calls, timed
+around them, with their count and frames), the load average before and after, and the settings.
 Everything else (the vendor's own prints) goes to stderr.
 
 What runs is the PyPI package `neutts` 1.4.1 as installed: `NeuTTS.__init__` with a local GGUF
@@ -50,6 +52,8 @@ directly. The streaming code itself (prompt, 25-code chunks with 5 of look-ahead
   llama.cpp renders them as "" and the vendor would decode no codes; then the Llama object's
   detokenize is given special=True (the text a USER_DEFINED type would give). Reported as
   settings.speech_tokens_rendered.
+- Observation only: the codec object is wrapped to time its decode_code calls, and the backbone
+  wrapper notes when the first token streams out (perf_counter reads; no change to the path).
 - Sampling: --temperature 0 (default) is greedy through the vendor's own `temperature` argument
   (llama-cpp-python's greedy sampler); --temperature 1 --top-k 50 is the vendor's default
   (seeded with --seed through the vendor's constructor).
@@ -168,6 +172,7 @@ class CappedBackbone:
 
         self._procs = LogitsProcessorList([speech_only])
         self.codes = 0
+        self.first_item_at = None
 
     def __getattr__(self, name):
         return getattr(self._llm, name)
@@ -176,6 +181,7 @@ class CappedBackbone:
         kw["max_tokens"] = self._cap
         kw["logits_processor"] = self._procs
         self.codes = 0
+        self.first_item_at = None
         out = self._llm(prompt, **kw)
         if not kw.get("stream"):
             return out
@@ -183,8 +189,33 @@ class CappedBackbone:
 
     def _count(self, items):
         for item in items:
+            if self.first_item_at is None:
+                self.first_item_at = time.perf_counter()
             self.codes += item["choices"][0]["text"].count("<|speech_")
             yield item
+
+
+class TimedCodec:
+    """The vendor's codec object, its decode_code calls timed (observation only)."""
+
+    def __init__(self, codec):
+        self._codec = codec
+        self.reset()
+
+    def reset(self):
+        self.seconds, self.calls, self.frames = 0.0, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self._codec, name)
+
+    def decode_code(self, codes):
+        t = time.perf_counter()
+        try:
+            return self._codec.decode_code(codes)
+        finally:
+            self.seconds += time.perf_counter() - t
+            self.calls += 1
+            self.frames += int(codes.shape[-1])
 
 
 def bench_texts(path):
@@ -257,6 +288,7 @@ def main():
             if llm.detokenize(first) != b"<|speech_0|>":
                 raise SystemExit("cannot render <|speech_0|> as text")
         tts.backbone = CappedBackbone(llm, args.max_codes, first[0], 65536)
+        tts.codec = TimedCodec(tts.codec)
 
     settings = {
         "neutts": getattr(neutts, "__version__", None) or _dist_version("neutts"),
@@ -285,6 +317,7 @@ def main():
         runs = []
         for r in range(args.warmup + args.runs):
             arrivals = []
+            tts.codec.reset()
             with contextlib.redirect_stdout(sys.stderr):
                 t0 = time.perf_counter()
                 for chunk in tts.infer_stream(text, ref_codes, ref_text, temperature=args.temperature,
@@ -303,6 +336,9 @@ def main():
                 had += n / sr
             runs.append({"first_audio_ms": first_t * 1000, "wall_s": wall, "audio_s": audio_s,
                          "rtf": wall / audio_s if audio_s else float("inf"), "stall_ms": stall * 1000,
+                         "first_code_ms": (tts.backbone.first_item_at - t0) * 1000,
+                         "codec_ms": tts.codec.seconds * 1000, "codec_calls": tts.codec.calls,
+                         "codec_frames": tts.codec.frames,
                          "codes": tts.backbone.codes, "chunks": len(arrivals),
                          "chunk_ms": [round(t * 1000, 1) for t, _ in arrivals],
                          "chunk_samples": [n for _, n in arrivals]})
@@ -310,7 +346,7 @@ def main():
                 "codes": runs[-1]["codes"], "chunks": runs[-1]["chunks"],
                 "load_before": [round(x, 2) for x in load_before],
                 "load_after": [round(x, 2) for x in os.getloadavg()]}
-        for k in ("first_audio_ms", "wall_s", "audio_s", "rtf", "stall_ms"):
+        for k in ("first_audio_ms", "wall_s", "audio_s", "rtf", "stall_ms", "first_code_ms", "codec_ms"):
             line[k] = stats([r[k] for r in runs])
         line["runs"] = runs
         line["settings"] = settings
