@@ -662,34 +662,12 @@ fn taking_turns_changes_no_sample_and_says_so() {
                 .map(|i| {
                     let (synth, barrier) = (&synth, &barrier);
                     scope.spawn(move || {
-                        let req = SpeechRequest {
-                            text: common::sentences(i * 3, 3),
-                            voice: "test".into(),
-                            generation: GenerationParams {
-                                sampling: SamplingParams {
-                                    seed: Some(7 + i as u64),
-                                    ..SamplingParams::default()
-                                },
-                                ..GenerationParams::default()
-                            },
-                            output: OutputSpec {
-                                format: AudioFormat::Wav,
-                                streaming: true,
-                                ..OutputSpec::default()
-                            },
-                            ..SpeechRequest::default()
-                        };
+                        let text = common::sentences(i * 3, 3);
+                        let mut req = request(&text, "test", 7 + i as u64, AudioFormat::Wav, true);
+                        // Sampled, not greedy: near-ties would show any difference.
+                        req.generation.sampling.temperature = SamplingParams::default().temperature;
                         barrier.wait();
-                        let mut bytes = Vec::new();
-                        synth
-                            .synthesize(&req, &CancelToken::new(), &mut |ev| {
-                                if let SynthEvent::Audio(b) = ev {
-                                    bytes.extend_from_slice(b);
-                                }
-                                ControlFlow::Continue(())
-                            })
-                            .unwrap();
-                        bytes
+                        bytes_of(synth, &req)
                     })
                 })
                 .collect();
