@@ -239,7 +239,7 @@ fn collect(out: &mut Vec<u8>, ev: SynthEvent<'_>) {
 
 #[test]
 fn streamed_codes_decode_to_the_streamed_bytes() {
-    for layout in ["vendor", "25:25"] {
+    for layout in ["vendor", "25:25", "25:25:10"] {
         streamed_codes_decode_in_their_layout(layout.parse().unwrap());
     }
 }

@@ -46,11 +46,13 @@ pub const STRIDE_SAMPLES: usize = FRAMES_PER_CHUNK * SAMPLES_PER_CODE;
 /// Codes past the decoded point needed before a chunk is decoded.
 pub const CODES_PER_DECODE: usize = FRAMES_PER_CHUNK + LOOKFORWARD;
 
-/// The window layout of the streaming decoder: how many codes of left context each decode sees
-/// and how many codes each chunk after the first emits. The first chunk always has the vendor's
-/// size ([`FRAMES_PER_CHUNK`] codes, out after [`CODES_PER_DECODE`]); its look-back is the
-/// layout's, so with reference codes its samples are the vendor's only at the vendor's look-back,
-/// and a longer look-back makes its decode (not its start) longer.
+/// The window layout of the streaming decoder: how many codes of left context each decode sees,
+/// how many codes the first chunk emits (the vendor's [`FRAMES_PER_CHUNK`], out after
+/// [`CODES_PER_DECODE`]) and how many each later chunk emits. The first chunk's look-back is the
+/// layout's, so with reference codes its samples are the vendor's only at the vendor's look-back
+/// and size, and a longer look-back makes its decode (not its start) longer. A shorter first chunk
+/// is out after `first + LOOKFORWARD` codes: earlier first audio, for a listener who then has
+/// less audio in hand while the next chunk is made.
 ///
 /// NeuCodec's decoder runs a bidirectional transformer over the whole window, so every frame's
 /// samples depend on every code in it: only the vendor's layout gives the vendor's samples, and no
@@ -65,6 +67,8 @@ pub struct Windows {
     pub lookback: usize,
     /// Codes emitted by every chunk after the first.
     pub chunk: usize,
+    /// Codes emitted by the first chunk.
+    pub first: usize,
 }
 
 impl Windows {
@@ -72,14 +76,21 @@ impl Windows {
     pub const VENDOR: Self = Self {
         lookback: LOOKBACK,
         chunk: FRAMES_PER_CHUNK,
+        first: FRAMES_PER_CHUNK,
     };
     /// The most look-back a layout may ask for (twice the vendor's).
     pub const MAX_LOOKBACK: usize = 2 * LOOKBACK;
     /// The longest chunk a layout may ask for: 4 s of audio.
     pub const MAX_CHUNK: usize = 200;
 
-    /// A layout, refused outside `0..=MAX_LOOKBACK` look-back and `1..=MAX_CHUNK` codes a chunk.
+    /// A layout whose first chunk has the vendor's size, refused outside `0..=MAX_LOOKBACK`
+    /// look-back and `1..=MAX_CHUNK` codes a chunk.
     pub fn new(lookback: usize, chunk: usize) -> Result<Self, String> {
+        Self::with_first(lookback, chunk, FRAMES_PER_CHUNK)
+    }
+
+    /// A layout with a first chunk of `first` codes (`1..=MAX_CHUNK`).
+    pub fn with_first(lookback: usize, chunk: usize, first: usize) -> Result<Self, String> {
         if lookback > Self::MAX_LOOKBACK {
             return Err(format!(
                 "look-back {lookback} is more than {} codes",
@@ -92,7 +103,17 @@ impl Windows {
                 Self::MAX_CHUNK
             ));
         }
-        Ok(Self { lookback, chunk })
+        if !(1..=Self::MAX_CHUNK).contains(&first) {
+            return Err(format!(
+                "first chunk {first} is outside 1..={} codes",
+                Self::MAX_CHUNK
+            ));
+        }
+        Ok(Self {
+            lookback,
+            chunk,
+            first,
+        })
     }
 
     pub fn is_vendor(&self) -> bool {
@@ -105,12 +126,19 @@ impl Windows {
 struct RawWindows {
     lookback: usize,
     chunk: usize,
+    /// Absent in documents written before the first chunk could change: the vendor's size.
+    #[serde(default = "vendor_first")]
+    first: usize,
+}
+
+fn vendor_first() -> usize {
+    FRAMES_PER_CHUNK
 }
 
 impl TryFrom<RawWindows> for Windows {
     type Error = String;
     fn try_from(r: RawWindows) -> Result<Self, String> {
-        Self::new(r.lookback, r.chunk)
+        Self::with_first(r.lookback, r.chunk, r.first)
     }
 }
 
@@ -124,29 +152,27 @@ impl fmt::Display for Windows {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_vendor() {
             f.write_str("vendor")
-        } else {
+        } else if self.first == FRAMES_PER_CHUNK {
             write!(f, "{}:{}", self.lookback, self.chunk)
+        } else {
+            write!(f, "{}:{}:{}", self.lookback, self.chunk, self.first)
         }
     }
 }
 
 impl std::str::FromStr for Windows {
     type Err = String;
-    /// `vendor`, or `LOOKBACK:CHUNK` in codes (`vendor` is `50:25`).
+    /// `vendor`, or `LOOKBACK:CHUNK[:FIRST]` in codes (`vendor` is `50:25:25`).
     fn from_str(s: &str) -> Result<Self, String> {
         if s == "vendor" {
             return Ok(Self::VENDOR);
         }
-        let parsed = s.split_once(':').and_then(|(l, c)| {
-            Some((
-                l.trim().parse::<usize>().ok()?,
-                c.trim().parse::<usize>().ok()?,
-            ))
-        });
-        match parsed {
-            Some((l, c)) => Self::new(l, c),
-            None => Err(format!(
-                "stream windows {s:?}: expected `vendor` or LOOKBACK:CHUNK in codes (e.g. 25:25)"
+        let parts: Option<Vec<usize>> = s.split(':').map(|p| p.trim().parse().ok()).collect();
+        match parts.as_deref() {
+            Some(&[l, c]) => Self::new(l, c),
+            Some(&[l, c, f]) => Self::with_first(l, c, f),
+            _ => Err(format!(
+                "stream windows {s:?}: expected `vendor` or LOOKBACK:CHUNK[:FIRST] in codes (e.g. 25:25 or 25:25:10)"
             )),
         }
     }
@@ -267,7 +293,7 @@ where
     tail: Option<PendingTail>,
     tail_mode: TailMode,
     windows: Windows,
-    /// Chunks emitted so far (the first is always the vendor's size).
+    /// Chunks emitted so far.
     chunks: usize,
     /// Weights of a full kept piece of the first chunk's size and of the later chunks' size.
     first_weights: Vec<f32>,
@@ -326,7 +352,7 @@ where
             tail_mode,
             windows,
             chunks: 0,
-            first_weights: kept_weights(FRAMES_PER_CHUNK),
+            first_weights: kept_weights(windows.first),
             later_weights: kept_weights(windows.chunk),
         };
         s.drop_old_codes();
@@ -356,7 +382,7 @@ where
     /// Codes the next chunk emits.
     fn next_chunk(&self) -> usize {
         if self.chunks == 0 {
-            FRAMES_PER_CHUNK
+            self.windows.first
         } else {
             self.windows.chunk
         }
@@ -372,8 +398,8 @@ where
     }
 
     /// Adds one generated code. Returns a chunk of exactly `480 * chunk` samples when the chunk's
-    /// codes and [`LOOKFORWARD`] more exist past the decoded point, else `None` (the first chunk:
-    /// [`STRIDE_SAMPLES`] samples after 30 codes).
+    /// codes and [`LOOKFORWARD`] more exist past the decoded point, else `None` (the vendor's first
+    /// chunk: [`STRIDE_SAMPLES`] samples after 30 codes).
     pub fn push(&mut self, code: i32) -> Result<Option<Vec<f32>>, StreamError<E>> {
         self.codes.push(code);
         self.total_codes += 1;
@@ -602,9 +628,34 @@ mod tests {
     }
 
     #[test]
+    fn a_shorter_first_chunk_is_out_sooner() {
+        let early = "25:25:10".parse::<Windows>().unwrap();
+        let (calls, lens) = layout_run(60, 140, early);
+        // Out after 15 codes (10 + 5 of look-ahead) instead of 30, then 25-code chunks.
+        assert_eq!(
+            calls,
+            [
+                (34, 74),
+                (44, 99),
+                (69, 124),
+                (94, 149),
+                (119, 174),
+                (144, 199),
+                (169, 199)
+            ]
+        );
+        assert_eq!(lens, [4_800, 12_000, 12_000, 12_000, 12_000, 12_000, 2_400]);
+        // Fewer codes than a first chunk and its look-ahead: nothing streams, the tail has all.
+        let (calls, lens) = layout_run(60, 14, early);
+        assert_eq!(calls, [(34, 73)]);
+        assert_eq!(lens, [14 * SAMPLES_PER_CODE]);
+    }
+
+    #[test]
     fn every_layout_emits_480_per_code_in_time() {
         for text in [
-            "vendor", "0:1", "0:25", "10:50", "25:25", "50:50", "100:200",
+            "vendor", "0:1", "0:25", "10:50", "25:25", "50:50", "100:200", "25:25:10", "50:25:1",
+            "25:50:5", "0:25:200",
         ] {
             let windows: Windows = text.parse().unwrap();
             for n_ref in [0usize, 3, 120] {
@@ -648,12 +699,39 @@ mod tests {
             "25:50".parse::<Windows>(),
             Ok(Windows {
                 lookback: 25,
-                chunk: 50
+                chunk: 50,
+                first: 25
             })
         );
         assert_eq!("25:50".parse::<Windows>().unwrap().to_string(), "25:50");
+        assert_eq!("25:50:25".parse::<Windows>().unwrap().to_string(), "25:50");
+        assert_eq!("50:25:25".parse::<Windows>(), Ok(Windows::VENDOR));
+        assert_eq!(
+            "25:25:10".parse::<Windows>(),
+            Ok(Windows {
+                lookback: 25,
+                chunk: 25,
+                first: 10
+            })
+        );
+        assert_eq!(
+            "25:25:10".parse::<Windows>().unwrap().to_string(),
+            "25:25:10"
+        );
         for bad in [
-            "", "fast", "25", "25:", ":25", "25:0", "101:25", "25:201", "-1:25",
+            "",
+            "fast",
+            "25",
+            "25:",
+            ":25",
+            "25:0",
+            "101:25",
+            "25:201",
+            "-1:25",
+            "25:25:0",
+            "25:25:201",
+            "25:25:10:1",
+            "25:25:",
         ] {
             let err = bad.parse::<Windows>().unwrap_err();
             assert!(!err.is_empty(), "{bad:?}");

@@ -138,9 +138,10 @@ pub struct ModelArgs {
     #[arg(long, env = "ONEBIT_CPU_TURNS", default_value = "auto")]
     pub cpu_turns: onebit_tts::runtime::TurnsMode,
     /// Window layout of streamed decoding: `vendor` (the default: 50 codes of look-back, 25-code
-    /// chunks, the vendor's samples exactly) or LOOKBACK:CHUNK in codes, which decodes fewer frames
-    /// per code and changes the samples (measured: docs/performance.md). The first chunk always
-    /// has 25 codes, out after 30.
+    /// chunks, the vendor's samples exactly) or LOOKBACK:CHUNK[:FIRST] in codes, which changes the
+    /// samples (measured: docs/performance.md): less look-back or longer chunks decode fewer
+    /// frames per code; a first chunk of FIRST codes (default 25) is out after FIRST + 5 codes
+    /// instead of 30, so the first audio comes sooner.
     #[arg(long, env = "ONEBIT_STREAM_WINDOWS", default_value = "vendor")]
     pub stream_windows: onebit_tts::codec::stream::Windows,
     /// NeuCodec decoder sessions that decode side by side, the threads shared out among them
