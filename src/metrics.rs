@@ -19,7 +19,9 @@ pub struct StageTimings {
     /// From the start of the request to the first audio sample handed out.
     pub first_audio: Option<Duration>,
     /// How long a listener who starts playing at the first audio, and waits whenever the audio
-    /// runs out, would have waited after the first audio.
+    /// runs out, would have waited after the first audio. The audio it has is what went into the
+    /// output pipeline: exact for WAV and PCM at the codec's rate (what `bench` streams); where a
+    /// resampler or an encoder holds back a few milliseconds, the waits are that much short.
     pub stall: Duration,
     pub total: Duration,
 }

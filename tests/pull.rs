@@ -1511,13 +1511,11 @@ fn cuda_builds_by_the_real_builder_follow_transformers_on_the_cpu_provider() {
     };
     let ckpt = checkpoint(&py);
     let work = common::tempdir("build-cuda");
-    let built = |precision: &str| {
+    let built = |precision: &str, more: &[&str]| {
         let out = work.join(precision);
-        let o = build_checkpoint(
-            &ckpt,
-            &out,
-            &["--precision", precision, "--execution", "cuda"],
-        );
+        let mut args = vec!["--precision", precision, "--execution", "cuda"];
+        args.extend(more);
+        let o = build_checkpoint(&ckpt, &out, &args);
         let manifest: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("build.json")).unwrap())
                 .unwrap();
@@ -1528,7 +1526,7 @@ fn cuda_builds_by_the_real_builder_follow_transformers_on_the_cpu_provider() {
         (out, common::stdout(&o))
     };
 
-    let (fp16, stdout) = built("fp16");
+    let (fp16, stdout) = built("fp16", &[]);
     assert!(
         stdout.contains("not optimized: models optimize takes int4 exports, not fp16"),
         "{stdout}"
@@ -1545,8 +1543,18 @@ fn cuda_builds_by_the_real_builder_follow_transformers_on_the_cpu_provider() {
     // two prompts); the bound is about twice that.
     follows_transformers(&py, &ckpt, &work, &pkg, &mut ort, 0.1);
 
-    let (int4, stdout) = built("int4");
+    // With the builder's block_size asked for: every MatMulNBits of the export has it.
+    let (int4, stdout) = built("int4", &["--block-size", "128"]);
     assert!(stdout.contains("speech-only head"), "{stdout}");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(int4.join("build.json")).unwrap()).unwrap();
+    assert_eq!(manifest["block_size"], 128);
+    let check = common::cli(&["models", "check", int4.to_str().unwrap()]);
+    assert!(
+        common::stdout(&check).contains("4 bits, block 128)"),
+        "{}",
+        common::stdout(&check)
+    );
     speaks(&int4, &work.join("int4.wav"));
 }
 
@@ -1987,4 +1995,29 @@ fn models_build_explains_what_it_cannot_build() {
         &[],
     ));
     assert!(e.contains("fp16 for cpu is refused"), "{e}");
+    // A block size for an export without integer weights: refused before anything runs.
+    let e = common::error_line(&build(
+        &[
+            work.to_str().unwrap(),
+            "--precision",
+            "fp32",
+            "--block-size",
+            "128",
+            "--codec",
+            "models/tiny/codec",
+        ],
+        &[],
+    ));
+    assert!(
+        e.contains("--block-size") && e.contains("a fp32 export has none"),
+        "{e}"
+    );
+    // Only the builder's block sizes are taken.
+    let o = build(&[work.to_str().unwrap(), "--block-size", "100"], &[]);
+    assert!(!o.status.success());
+    assert!(
+        common::stderr(&o).contains("--block-size"),
+        "{}",
+        common::stderr(&o)
+    );
 }

@@ -1356,7 +1356,7 @@ def write_voice(path):
 
 
 def main(argv=None):
-    global ACCURACY_LEVEL
+    global ACCURACY_LEVEL, BLOCK
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="output directory for the model package")
     ap.add_argument("--variant", choices=["chain", "random", "textbias"], default="chain")
@@ -1384,8 +1384,12 @@ def main(argv=None):
                     help="MatMulNBits accuracy_level (default %d, the builder's CPU default: int8 "
                          "activations); 0 computes in float32, a reference for other engines' parity"
                          % ACCURACY_LEVEL)
+    ap.add_argument("--block-size", type=int, choices=[16, 32, 64, 128, 256], default=BLOCK,
+                    help="MatMulNBits block_size of the int4 weights (default %d, the builder's "
+                         "int4_block_size default)" % BLOCK)
     a = ap.parse_args(argv)
     ACCURACY_LEVEL = a.accuracy_level
+    BLOCK = a.block_size
     if a.kv_len is not None and a.kv_len < 2:
         ap.error("--kv-len must be at least 2")
     if not a.out and not a.voice_out and not a.encoder_out:
