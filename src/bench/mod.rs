@@ -158,6 +158,40 @@ pub fn machine() -> String {
     format!("{cores} cores, {model}")
 }
 
+/// Table rows as lines of columns, each padded to its widest cell and two spaces apart: the first
+/// `left` columns aligned left (names), the rest right (numbers). Stat's Display ignores width, so
+/// cells come formatted.
+pub(crate) fn columns(rows: &[Vec<String>], left: usize) -> String {
+    let n = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..n)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (s, &w))| {
+                if i < left {
+                    format!("{s:<w$}")
+                } else {
+                    format!("{s:>w$}")
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 /// Size of the package's files (what "peak RSS vs model files" compares against), in MiB.
 pub fn files_mb(dir: &std::path::Path) -> f64 {
     fn walk(p: &std::path::Path) -> u64 {
