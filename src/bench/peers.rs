@@ -1,6 +1,7 @@
 //! `bench --engine-only`: the backbone alone at fixed prompt lengths, and with `--peers` the
 //! peers' own generation loops (onnxruntime-genai, llama.cpp) on the same prompts, each run by a
 //! script of benches/peers/ in its own process (stdin/stdout JSON, see benches/peers/oga_bench.py).
+//! The vendor's whole streaming pipeline (`super::vendor`) runs on the same `Peer` machinery.
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,10 @@ pub enum BenchError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Synth(#[from] crate::synth::SynthError),
+    #[error(transparent)]
+    Voice(#[from] crate::voice::VoiceError),
+    #[error("voice {0:?} has no file a peer could read its codes and transcript from")]
+    VoiceFile(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("the {peer} peer needs {what} ({setup})")]
