@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the llama.cpp peer for `onebit-tts bench --engine-only --peers` (bench only; CI never runs
-# this). Idempotent: a second run only checks.
+# Builds the llama.cpp peer for `onebit-tts bench --engine-only --peers`, whose llama_cpp the
+# vendor's pipeline peer (scripts/setup-neutts-peer.sh, `bench --peers`) imports too (bench only;
+# CI never runs this). Idempotent: a second run only checks.
 #
 #   .onebit/llama/src     the llama-cpp-python source package from the Python package index; it
 #                         vendors llama.cpp (with its CMake build) and the matching gguf-py

@@ -510,6 +510,171 @@ fn bench_peers_run_onnxruntime_genai_on_the_same_prompts() {
     );
 }
 
+/// `bench --peers` on whole synthesis runs the vendor's streaming pipeline after ours on the same
+/// cases. Its venv is a stand-in here (CI does not install neutts): through ONEBIT_HOME the bench
+/// finds a "python" that gives the command line the bench built to the real
+/// benches/peers/neutts_stream.py with --dry-run (which checks the arguments, files and cases and
+/// prints its plan, loading nothing), then answers each planned case with fixed numbers.
+#[test]
+fn bench_peers_run_the_vendors_streaming_pipeline_after_ours() {
+    let work = std::env::temp_dir().join(format!("onebit-cli-vendor-{}", std::process::id()));
+    let home = work.join("home");
+    std::fs::create_dir_all(home.join("neutts-peer/venv/bin")).unwrap();
+    let python = common::repo().join(".onebit/venv/bin/python");
+    assert!(
+        python.exists(),
+        "scripts/setup.sh makes {}",
+        python.display()
+    );
+    let plan = work.join("plan.json");
+    let stub = home.join("neutts-peer/venv/bin/python");
+    std::fs::write(
+        &stub,
+        format!(
+            r#"#!/bin/sh
+'{py}' "$@" --dry-run > '{plan}' || exit $?
+exec '{py}' - '{plan}' <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+s = lambda m: {{"median": m, "min": m - 1, "max": m + 1}}
+for c in plan["cases"]:
+    print(json.dumps({{"case": c["case"], "text": c["text"], "prompt_tokens": 7, "codes": c["max_codes"],
+        "first_audio_ms": s(100.0), "rtf": s(2.0), "stall_ms": s(0.0), "first_code_ms": s(50.0),
+        "codec_ms": s(10.0), "settings": {{"neutts": "stand-in", "llama_cpp_python": "none"}}}}))
+PY
+"#,
+            py = python.display(),
+            plan = plan.display()
+        ),
+    )
+    .unwrap();
+    let mut perm = std::fs::metadata(&stub).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&stub, perm).unwrap();
+    // Only looked for: the stand-in never opens it.
+    let gguf = work.join("stand-in.gguf");
+    std::fs::write(&gguf, "").unwrap();
+    let gguf_arg = gguf.to_str().unwrap();
+    let home_env = [("ONEBIT_HOME", home.to_str().unwrap())];
+    let base = [
+        "bench",
+        "-q",
+        "--model",
+        "models/tiny",
+        "--runs",
+        "1",
+        "--temperature",
+        "0",
+        "--threads",
+        "1",
+        "--peers",
+        "--llama-gguf",
+        gguf_arg,
+    ];
+    let o = common::cli_with(&base, &home_env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = common::stdout(&o);
+    let block: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("the vendor's streaming pipeline (peer)"))
+        .collect();
+    assert_eq!(
+        block.first().copied(),
+        Some(
+            "the vendor's streaming pipeline (peer): neutts stand-in on llama-cpp-python none, 1 decode threads"
+        ),
+        "{out}"
+    );
+    assert_eq!(
+        block[1],
+        format!("  GGUF {gguf_arg}, codec models/tiny/codec/model.onnx (its ONNX class)")
+    );
+    assert!(block[3].starts_with("case    voice"), "{out}");
+    // Our prompts on models/tiny are 151 / 220 / 323 tokens; the stand-in says 7. (The cells;
+    // the unit test checks the columns' layout.)
+    for (row, (case, ours)) in
+        block[4..]
+            .iter()
+            .zip([("short", 151), ("medium", 220), ("long", 323)])
+    {
+        let cells = row.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            cells.starts_with(&format!(
+                "{case} test 7 (ours {ours}) 120 100 [99–101] 2.000 [1.000–3.000] 0 [-1–1] 50 [49–51] 10 [9–11] "
+            )),
+            "{out}"
+        );
+    }
+    assert_eq!(block.len(), 7, "{out}");
+    // What the real script read from the bench's command line.
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(plan["gguf"], gguf_arg);
+    assert_eq!(plan["codec"], "models/tiny/codec/model.onnx");
+    assert!(
+        plan["voice"]
+            .as_str()
+            .unwrap()
+            .ends_with("voices/test.json"),
+        "{plan}"
+    );
+    assert_eq!(plan["reference_codes"], 100);
+    assert_eq!(plan["language"], "en-us");
+    assert_eq!(plan["threads"], 1);
+    assert_eq!((&plan["warmup"], &plan["runs"]), (&1.into(), &1.into()));
+    assert_eq!(plan["temperature"], 0.0);
+    let cases: Vec<(&str, u64)> = plan["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["case"].as_str().unwrap(),
+                c["max_codes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(cases, [("short", 120), ("medium", 120), ("long", 120)]);
+    assert_eq!(plan["cases"][0]["text"], "Hello, and welcome to the show.");
+
+    let mut json = base.to_vec();
+    json.push("--json");
+    let o = common::cli_with(&json, &home_env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    let vendor = &v["vendor"];
+    assert_eq!(vendor["version"], "neutts stand-in");
+    assert_eq!(vendor["threads"], 1);
+    assert_eq!(vendor["cases"].as_array().unwrap().len(), 3);
+    assert_eq!(vendor["cases"][2]["case"], "long");
+    assert_eq!(vendor["cases"][2]["codes"], 120);
+    assert_eq!(
+        vendor["cases"][2]["first_audio_ms"],
+        serde_json::json!({"median": 100.0, "min": 99.0, "max": 101.0})
+    );
+    assert!(v["vendor_note"].is_null());
+
+    // No GGUF: our runs and a note on how to add it.
+    let o = common::cli_with(&base[..base.len() - 2], &home_env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        common::stdout(&o).contains(
+            "the vendor's streaming pipeline (peer) not run: no models/tiny-q4_0.gguf (and no --llama-gguf)"
+        ),
+        "{}",
+        common::stdout(&o)
+    );
+    // Several requests at once have no peer.
+    let mut load = base.to_vec();
+    load.extend(["--concurrency", "1"]);
+    let e = stderr(&cli(&load));
+    assert!(
+        e.contains("'--peers' cannot be used with '--concurrency"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&work).unwrap();
+}
+
 /// `bench --engine-only --also-model` runs our loop on a second package of the same model in the
 /// same run and table: here the GGUF conversion of models/tiny under the llama engine, whose
 /// greedy codes equal ONNX Runtime's on this package.

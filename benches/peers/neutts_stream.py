@@ -1,21 +1,25 @@
 """The vendor's own whole streaming pipeline, for comparing onebit-tts's streaming numbers with it.
 
-    .onebit/llama/venv built by scripts/setup-llama-peer.sh (llama-cpp-python from source), then a
-    venv for the vendor package beside it (no torch; the llama venv's packages through a .pth):
+`onebit-tts bench --peers` (without --engine-only) runs it after its own runs, once per voice, on
+the same texts, voice, GGUF (--llama-gguf), codec (the package's codec/model.onnx), temperature,
+runs and threads, with each case's --max-codes set to the codes ours made. Setup, once
+(scripts/setup-llama-peer.sh first, which it runs: .onebit/llama/venv with llama-cpp-python built
+from source; then .onebit/neutts-peer/venv for the vendor package, no torch, the llama venv's
+packages through a .pth):
 
-    python3 -m venv .peer-venv
-    .onebit/llama/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
-        > .peer-venv/lib/python3.11/site-packages/onebit-llama-venv.pth
-    .peer-venv/bin/pip install neutts==1.4.1 --no-deps
-    .peer-venv/bin/pip install phonemizer onnxruntime gguf 'numpy>=2.2.6'
+    scripts/setup-neutts-peer.sh
 
-    .peer-venv/bin/python benches/peers/neutts_stream.py \
+    .onebit/neutts-peer/venv/bin/python benches/peers/neutts_stream.py \
         [--gguf models/real-shape-q4-gguf/model-q4_0.gguf] [--codec models/real-shape/codec/model.onnx] \
-        [--voice voices/test.json] [--threads 2] [--max-codes 120] [--warmup 1] [--runs 3] \
-        [--temperature 0] [--top-k 50] [--cases short,medium,long]
+        [--voice voices/test.json] [--language en-us] [--threads 2] \
+        [--max-codes 120 | --max-codes short=120,medium=118,long=120] [--warmup 1] [--runs 3] \
+        [--temperature 0] [--top-k 50] [--cases short,medium,long] [--dry-run]
+
+--dry-run checks the arguments, the files and the cases, prints the plan as one JSON line (what
+the bench's test compares with the command line it builds) and loads nothing.
 
 stdout: one JSON line per case (short / medium / long, the texts of src/bench/mod.rs TEXTS):
-prompt_tokens, codes, chunks, and per measured run first_audio_ms, wall_s, audio_s, rtf, stall_ms
+prompt_tokens, max_codes, codes, chunks, and per measured run first_audio_ms, wall_s, audio_s, rtf, stall_ms
 (with their median / min / max), first_code_ms (call to the backbone's first streamed token:
 phonemes, tokenizing, prefill, one step) and codec_ms (the vendor's decode_code calls, timed
 around them, with their count and frames), the load average before and after, and the settings.
@@ -43,7 +47,7 @@ directly. The streaming code itself (prompt, 25-code chunks with 5 of look-ahead
   n_threads_batch = os.cpu_count(); --threads N (default 2) replaces the former through
   neutts.neutts._n_perf_cores; --threads 0 keeps the vendor's.
 - Exactly --max-codes codes: the backbone object the vendor calls is wrapped so each generation
-  call gets max_tokens = --max-codes (the vendor passes 2048) and a logits processor that leaves
+  call gets max_tokens = the case's --max-codes (the vendor passes 2048) and a logits processor that leaves
   only the 65536 <|speech_N|> ids (so the end token and text tokens cannot be chosen; random
   weights need not emit the end token), as onebit-tts's bench does. The processor runs in
   llama-cpp-python's Python custom sampler (a numpy slice per token, included in the times).
@@ -162,7 +166,7 @@ class CappedBackbone:
         from llama_cpp import LogitsProcessorList
 
         self._llm = llm
-        self._cap = cap
+        self.cap = cap
         lo, hi = first, first + count
 
         def speech_only(_input_ids, scores):
@@ -178,7 +182,7 @@ class CappedBackbone:
         return getattr(self._llm, name)
 
     def __call__(self, prompt, **kw):
-        kw["max_tokens"] = self._cap
+        kw["max_tokens"] = self.cap
         kw["logits_processor"] = self._procs
         self.codes = 0
         self.first_item_at = None
@@ -225,6 +229,30 @@ def bench_texts(path):
     return re.findall(r'\(\s*"([^"]+)",\s*"((?:[^"\\]|\\.)*)",?\s*\)', block)
 
 
+def max_codes_of(spec, cases):
+    """--max-codes: N for every case, CASE=N for one (a bare N then covers the others)."""
+    default, per = None, {}
+    for item in filter(None, spec.split(",")):
+        case, _, n = item.rpartition("=")
+        try:
+            n = int(n)
+        except ValueError:
+            raise SystemExit("--max-codes %r: %r is not a count" % (spec, item))
+        if n < 1:
+            raise SystemExit("--max-codes %r: %r asks for no codes" % (spec, item))
+        if not case:
+            default = n
+        elif case in cases:
+            per[case] = n
+        else:
+            raise SystemExit("--max-codes %r: %r is not one of the cases run (%s)" % (spec, case, ", ".join(cases)))
+    caps = {c: per.get(c, default) for c in cases}
+    missing = [c for c, n in caps.items() if n is None]
+    if missing:
+        raise SystemExit("--max-codes %r gives no count for %s" % (spec, ", ".join(missing)))
+    return caps
+
+
 def stats(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
@@ -239,12 +267,14 @@ def main():
     ap.add_argument("--language", default="en-us")
     ap.add_argument("--threads", type=int, default=2,
                     help="backbone decode threads (0: the vendor's os.cpu_count() // 2)")
-    ap.add_argument("--max-codes", type=int, default=120)
+    ap.add_argument("--max-codes", default="120",
+                    help="codes per case: N for all, or CASE=N,... (a bare N for the cases not named)")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured runs per case")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; the vendor's default is 1.0")
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dry-run", action="store_true", help="check the arguments, print the plan, load nothing")
     args = ap.parse_args()
 
     for p in (args.gguf, args.codec, args.voice):
@@ -255,8 +285,17 @@ def main():
     for c in cases:
         if c not in texts:
             raise SystemExit("no case %r in %s (has %s)" % (c, args.texts_from, ", ".join(texts)))
+    caps = max_codes_of(args.max_codes, cases)
     voice = json.load(open(args.voice, encoding="utf-8"))
     ref_codes, ref_text = [int(c) for c in voice["codes"]], voice["transcript"]
+    if args.dry_run:
+        plan = {"dry_run": True, "gguf": args.gguf, "codec": args.codec, "voice": args.voice,
+                "reference_codes": len(ref_codes), "language": args.language, "threads": args.threads,
+                "warmup": args.warmup, "runs": args.runs, "temperature": args.temperature,
+                "top_k": args.top_k, "seed": args.seed,
+                "cases": [{"case": c, "text": texts[c], "max_codes": caps[c]} for c in cases]}
+        print(json.dumps(plan))
+        return
 
     out = sys.stdout
     with contextlib.redirect_stdout(sys.stderr):  # the vendor prints progress to stdout
@@ -287,7 +326,7 @@ def main():
                 llm, tokens, prev_tokens=prev_tokens, special=True)
             if llm.detokenize(first) != b"<|speech_0|>":
                 raise SystemExit("cannot render <|speech_0|> as text")
-        tts.backbone = CappedBackbone(llm, args.max_codes, first[0], 65536)
+        tts.backbone = CappedBackbone(llm, None, first[0], 65536)  # its cap: per case, below
         tts.codec = TimedCodec(tts.codec)
 
     settings = {
@@ -297,7 +336,7 @@ def main():
         "voice": os.path.relpath(args.voice, ROOT), "input_format": tts.input_format,
         "n_threads": llm.context_params.n_threads, "n_threads_batch": llm.context_params.n_threads_batch,
         "n_ctx": llm.n_ctx(), "n_batch": llm.n_batch,
-        "max_codes": args.max_codes, "speech_only": True, "speech_tokens_rendered": rendered,
+        "max_codes": caps, "speech_only": True, "speech_tokens_rendered": rendered,
         "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed,
         "chunk": [tts.streaming_frames_per_chunk, tts.streaming_lookforward,
                   tts.streaming_lookback, tts.streaming_overlap_frames],
@@ -310,6 +349,7 @@ def main():
 
     for case in cases:
         text = texts[case]
+        tts.backbone.cap = caps[case]
         with contextlib.redirect_stdout(sys.stderr):
             prompt = tts._ggml_prompt(ref_codes, ref_text, text, None)
         prompt_tokens = len(llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True))
@@ -342,7 +382,7 @@ def main():
                          "codes": tts.backbone.codes, "chunks": len(arrivals),
                          "chunk_ms": [round(t * 1000, 1) for t, _ in arrivals],
                          "chunk_samples": [n for _, n in arrivals]})
-        line = {"case": case, "text": text, "prompt_tokens": prompt_tokens,
+        line = {"case": case, "text": text, "prompt_tokens": prompt_tokens, "max_codes": caps[case],
                 "codes": runs[-1]["codes"], "chunks": runs[-1]["chunks"],
                 "load_before": [round(x, 2) for x in load_before],
                 "load_after": [round(x, 2) for x in os.getloadavg()]}

@@ -6,6 +6,7 @@
 pub mod load;
 pub mod peers;
 pub mod svg;
+pub mod vendor;
 
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -125,6 +126,12 @@ pub struct Report {
     pub cases: Vec<CaseSummary>,
     pub peak_rss_mb: f64,
     pub model_files_mb: f64,
+    /// `--peers`: the vendor's own streaming pipeline on the same cases, after ours.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<vendor::VendorReport>,
+    /// Why `--peers` ran without it (no GGUF).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vendor_note: Option<String>,
 }
 
 /// Peak resident memory of this process (VmHWM), in MiB.
@@ -156,6 +163,40 @@ pub fn machine() -> String {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     format!("{cores} cores, {model}")
+}
+
+/// Table rows as lines of columns, each padded to its widest cell and two spaces apart: the first
+/// `left` columns aligned left (names), the rest right (numbers). Stat's Display ignores width, so
+/// cells come formatted.
+pub(crate) fn columns(rows: &[Vec<String>], left: usize) -> String {
+    let n = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..n)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (s, &w))| {
+                if i < left {
+                    format!("{s:<w$}")
+                } else {
+                    format!("{s:>w$}")
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 /// Size of the package's files (what "peak RSS vs model files" compares against), in MiB.
@@ -264,6 +305,8 @@ pub fn run(
         cases,
         peak_rss_mb: peak_rss_mb(),
         model_files_mb: files_mb(&synth.package().dir),
+        vendor: None,
+        vendor_note: None,
     })
 }
 
@@ -347,6 +390,15 @@ impl Report {
             self.model_files_mb,
             self.peak_rss_mb / self.model_files_mb.max(1e-9)
         ));
+        if let Some(v) = &self.vendor {
+            s.push('\n');
+            s.push_str(&v.table(self));
+        }
+        if let Some(note) = &self.vendor_note {
+            s.push('\n');
+            s.push_str(note);
+            s.push('\n');
+        }
         s
     }
 }

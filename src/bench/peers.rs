@@ -1,6 +1,7 @@
 //! `bench --engine-only`: the backbone alone at fixed prompt lengths, and with `--peers` the
 //! peers' own generation loops (onnxruntime-genai, llama.cpp) on the same prompts, each run by a
 //! script of benches/peers/ in its own process (stdin/stdout JSON, see benches/peers/oga_bench.py).
+//! The vendor's whole streaming pipeline (`super::vendor`) runs on the same `Peer` machinery.
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,10 @@ pub enum BenchError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Synth(#[from] crate::synth::SynthError),
+    #[error(transparent)]
+    Voice(#[from] crate::voice::VoiceError),
+    #[error("voice {0:?} has no file a peer could read its codes and transcript from")]
+    VoiceFile(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("the {peer} peer needs {what} ({setup})")]
@@ -53,11 +58,13 @@ pub enum BenchError {
         .also.display(), .main.display()
     )]
     OtherVocabulary { also: PathBuf, main: PathBuf },
-    #[error("the {peer} peer answered {got} of {want} prompts")]
+    #[error("the {peer} peer answered {got} of {want} {what}")]
     PeerShort {
         peer: &'static str,
         got: usize,
         want: usize,
+        /// What it was asked for: prompts, cases.
+        what: &'static str,
     },
 }
 
@@ -404,18 +411,7 @@ impl EngineReport {
                 rows.push(row);
             }
         }
-        let widths: Vec<usize> = (0..rows[0].len())
-            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-            .collect();
-        for row in &rows {
-            let line: Vec<String> = row
-                .iter()
-                .zip(&widths)
-                .map(|(s, &w)| format!("{s:>w$}"))
-                .collect();
-            s.push_str(&line.join("  "));
-            s.push('\n');
-        }
+        s.push_str(&super::columns(&rows, 0));
         let files = if multi {
             let each: Vec<String> = std::iter::once((&self.label, self.model_files_mb))
                 .chain(self.also.iter().map(|a| (&a.label, a.model_files_mb)))
@@ -483,33 +479,82 @@ fn llama_howto(peer_dir: &Path) -> String {
     )
 }
 
-/// A peer engine: its own generation loop, run by a script of benches/peers/.
-struct Peer {
+/// A peer: its own loop (or whole pipeline), run by a script of benches/peers/ in its own process.
+pub(super) struct Peer {
     /// Key in the JSON report.
-    key: &'static str,
+    pub(super) key: &'static str,
     /// Name in the table and messages.
-    label: &'static str,
+    pub(super) label: &'static str,
     /// Ratio column suffix (`x oga`).
-    short: &'static str,
-    python: PathBuf,
+    pub(super) short: &'static str,
+    pub(super) python: PathBuf,
     /// Relative to the checkout (resolved like a model directory).
-    script: PathBuf,
-    model: PathBuf,
+    pub(super) script: PathBuf,
+    pub(super) model: PathBuf,
     /// How to install what the peer needs, for error messages.
+    pub(super) setup: &'static str,
+}
+
+/// The Python a peer's setup script made (`rel` under a `.onebit` home), else what is missing and
+/// the script that makes it.
+pub(super) fn peer_python(
+    rel: &str,
+    peer: &'static str,
+    what: impl FnOnce() -> String,
     setup: &'static str,
+) -> Result<PathBuf, BenchError> {
+    crate::paths::in_homes(rel)
+        .into_iter()
+        .find(|p| p.exists())
+        .ok_or_else(|| BenchError::PeerMissing {
+            peer,
+            what: what(),
+            setup,
+        })
+}
+
+/// A llama.cpp peer's GGUF: `gguf`, else `PEER_DIR-q4_0.gguf` beside the peer package (what
+/// tools/onnx_to_gguf.py writes by default). `Ok(Err(note))` when no GGUF was asked for and none
+/// is there: the bench runs without `who` and prints the note.
+pub(super) fn peer_gguf(
+    gguf: Option<&Path>,
+    peer_dir: &Path,
+    who: &str,
+) -> Result<Result<PathBuf, String>, BenchError> {
+    let howto = llama_howto(peer_dir);
+    match gguf {
+        Some(p) => {
+            let p = resolve_dir(p);
+            if !p.is_file() {
+                return Err(BenchError::NoGguf { path: p, howto });
+            }
+            Ok(Ok(p))
+        }
+        None => {
+            let name = peer_dir
+                .file_name()
+                .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+            let p = peer_dir.with_file_name(format!("{name}-q4_0.gguf"));
+            if !p.is_file() {
+                return Ok(Err(format!(
+                    "{who} not run: no {} (and no --llama-gguf); to add it: {howto}",
+                    p.display()
+                )));
+            }
+            Ok(Ok(p))
+        }
+    }
 }
 
 impl Peer {
     /// onnxruntime-genai's greedy loop on an onnxruntime-genai package.
     fn oga(dir: &Path) -> Result<Self, BenchError> {
-        let python = crate::paths::in_homes("venv/bin/python")
-            .into_iter()
-            .find(|p| p.exists())
-            .ok_or(BenchError::PeerMissing {
-                peer: "onnxruntime-genai",
-                what: ".onebit/venv".into(),
-                setup: "scripts/setup.sh",
-            })?;
+        let python = peer_python(
+            "venv/bin/python",
+            "onnxruntime-genai",
+            || ".onebit/venv".into(),
+            "scripts/setup.sh",
+        )?;
         Ok(Self {
             key: "onnxruntime_genai",
             label: "oga",
@@ -521,41 +566,19 @@ impl Peer {
         })
     }
 
-    /// llama.cpp's loop on a Q4_0 GGUF: `gguf`, else `PEER_DIR-q4_0.gguf` beside the peer
-    /// package (what tools/onnx_to_gguf.py writes by default). `Ok(Err(note))` when no GGUF was
-    /// asked for and none is there: the bench runs without it and prints the note.
+    /// llama.cpp's loop on a Q4_0 GGUF ([`peer_gguf`]). `Ok(Err(note))` when no GGUF was asked
+    /// for and none is there.
     fn llama(gguf: Option<&Path>, peer_dir: &Path) -> Result<Result<Self, String>, BenchError> {
-        let howto = llama_howto(peer_dir);
-        let model = match gguf {
-            Some(p) => {
-                let p = resolve_dir(p);
-                if !p.is_file() {
-                    return Err(BenchError::NoGguf { path: p, howto });
-                }
-                p
-            }
-            None => {
-                let name = peer_dir
-                    .file_name()
-                    .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
-                let p = peer_dir.with_file_name(format!("{name}-q4_0.gguf"));
-                if !p.is_file() {
-                    return Ok(Err(format!(
-                        "llama.cpp peer not run: no {} (and no --llama-gguf); to add it: {howto}",
-                        p.display()
-                    )));
-                }
-                p
-            }
+        let model = match peer_gguf(gguf, peer_dir, "llama.cpp peer")? {
+            Ok(p) => p,
+            Err(note) => return Ok(Err(note)),
         };
-        let python = crate::paths::in_homes("llama/venv/bin/python")
-            .into_iter()
-            .find(|p| p.exists())
-            .ok_or_else(|| BenchError::PeerMissing {
-                peer: "llama.cpp",
-                what: format!("llama.cpp built into .onebit/llama for {}", model.display()),
-                setup: "scripts/setup-llama-peer.sh",
-            })?;
+        let python = peer_python(
+            "llama/venv/bin/python",
+            "llama.cpp",
+            || format!("llama.cpp built into .onebit/llama for {}", model.display()),
+            "scripts/setup-llama-peer.sh",
+        )?;
         Ok(Ok(Self {
             key: "llama_cpp",
             label: "llama.cpp",
@@ -565,6 +588,50 @@ impl Peer {
             model,
             setup: "scripts/setup-llama-peer.sh",
         }))
+    }
+}
+
+impl Peer {
+    /// Runs the peer's script with `args`, `stdin` written to it (else none), and returns what it
+    /// printed on stdout; its stderr is the terminal's, so a failure's messages are already above.
+    pub(super) fn run(
+        &self,
+        args: &[std::ffi::OsString],
+        stdin: Option<&[u8]>,
+    ) -> Result<Vec<u8>, BenchError> {
+        use std::io::Write as _;
+        use std::process::Stdio;
+        let script = resolve_dir(&self.script);
+        let io = |source: std::io::Error| BenchError::PeerIo {
+            peer: self.label,
+            python: self.python.clone(),
+            script: script.clone(),
+            source,
+        };
+        let mut child = std::process::Command::new(&self.python)
+            .arg(&script)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(io)?;
+        if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(bytes).map_err(io)?;
+        }
+        let out = child.wait_with_output().map_err(io)?;
+        if !out.status.success() {
+            return Err(BenchError::PeerFailed {
+                peer: self.label,
+                status: out.status,
+                model: self.model.clone(),
+                setup: self.setup,
+            });
+        }
+        Ok(out.stdout)
     }
 }
 
@@ -597,40 +664,15 @@ fn run_peer(
     runs: usize,
     threads: Option<usize>,
 ) -> Result<PeerRun, BenchError> {
-    use std::io::Write as _;
-    let script = resolve_dir(&peer.script);
-    let io = |source: std::io::Error| BenchError::PeerIo {
-        peer: peer.label,
-        python: peer.python.clone(),
-        script: script.clone(),
-        source,
-    };
     let output = |msg: String| BenchError::PeerOutput {
         peer: peer.label,
         msg,
     };
-    let mut child = std::process::Command::new(&peer.python)
-        .arg(&script)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map_err(io)?;
     let req = serde_json::json!({"model": peer.model, "prompts": prompts, "new_tokens": new_tokens,
         "runs": runs, "threads": threads});
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(req.to_string().as_bytes()).map_err(io)?;
-    }
-    let out = child.wait_with_output().map_err(io)?;
-    if !out.status.success() {
-        return Err(BenchError::PeerFailed {
-            peer: peer.label,
-            status: out.status,
-            model: peer.model.clone(),
-            setup: peer.setup,
-        });
-    }
+    let stdout = peer.run(&[], Some(req.to_string().as_bytes()))?;
     let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| output(format!("not JSON: {e}")))?;
+        serde_json::from_slice(&stdout).map_err(|e| output(format!("not JSON: {e}")))?;
     let results = v["results"]
         .as_array()
         .ok_or_else(|| output("no results".into()))?;
@@ -639,6 +681,7 @@ fn run_peer(
             peer: peer.label,
             got: results.len(),
             want: prompts.len(),
+            what: "prompts",
         });
     }
     let per_prompt = results

@@ -33,16 +33,22 @@ pub struct BenchArgs {
     /// Codes generated per --engine-only run.
     #[arg(long, default_value_t = 128)]
     pub new_tokens: usize,
-    /// With --engine-only: run the peers' own loops on the same prompts in the same run:
-    /// onnxruntime-genai, and llama.cpp when its Q4_0 GGUF is there (see --llama-gguf).
-    #[arg(long)]
+    /// Run the peers in the same run, after ours, each in its own process. With --engine-only:
+    /// onnxruntime-genai's and llama.cpp's own loops on the same prompts (llama.cpp when its Q4_0
+    /// GGUF is there, see --llama-gguf). Without: the vendor's own streaming pipeline (neutts's
+    /// infer_stream on llama.cpp with that GGUF and this package's codec) on the same texts and
+    /// voices, as many codes per case as ours made, --runs runs after a warm-up, --temperature,
+    /// --threads; set up with scripts/setup-neutts-peer.sh. Not with --concurrency.
+    #[arg(long, conflicts_with = "concurrency")]
     pub peers: bool,
-    /// The package the peer runs (default: --model). onnxruntime-genai cannot run a speech-only
-    /// head, so compare an optimized package against its source here.
+    /// The package the engine-only peers run (default: --model); its PEER_MODEL-q4_0.gguf is the
+    /// default GGUF of the llama.cpp peers. onnxruntime-genai cannot run a speech-only head, so
+    /// compare an optimized package against its source here.
     #[arg(long)]
     pub peer_model: Option<PathBuf>,
-    /// The llama.cpp peer's model (default: PEER_MODEL-q4_0.gguf beside the peer package). Make
-    /// it with scripts/setup-llama-peer.sh, then tools/onnx_to_gguf.py PEER_MODEL.
+    /// The GGUF of the llama.cpp peers: llama.cpp's loop and the vendor's pipeline (default:
+    /// PEER_MODEL-q4_0.gguf beside the peer package). Make it with scripts/setup-llama-peer.sh,
+    /// then tools/onnx_to_gguf.py PEER_MODEL.
     #[arg(long)]
     pub llama_gguf: Option<PathBuf>,
     /// With --engine-only: also run our loop on these packages (each with the engine its format
@@ -148,8 +154,34 @@ pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
         temperature: args.temperature,
         ..Default::default()
     };
-    let door = Door::new(synth, Limits::default());
-    let report = bench::run(&door, &voices, args.runs, sampling, &mut progress)?;
+    // Found before our runs: a missing setup is refused before minutes of measuring.
+    let vendor = if args.peers {
+        let peer_dir = args
+            .peer_model
+            .as_deref()
+            .map(onebit_tts::synth::resolve_dir)
+            .unwrap_or_else(|| synth.package().dir.clone());
+        Some(bench::vendor::VendorPeer::find(
+            args.llama_gguf.as_deref(),
+            &peer_dir,
+        )?)
+    } else {
+        None
+    };
+    let door = Door::new(synth.clone(), Limits::default());
+    let mut report = bench::run(&door, &voices, args.runs, sampling, &mut progress)?;
+    match vendor {
+        Some(Ok(peer)) => {
+            let opts = bench::vendor::VendorOptions {
+                runs: args.runs,
+                temperature: args.temperature,
+                threads: model.threads,
+            };
+            report.vendor = Some(peer.run(&synth, &report, opts, &mut progress)?);
+        }
+        Some(Err(note)) => report.vendor_note = Some(note),
+        None => {}
+    }
     bar.finish_and_clear();
     if let Some(p) = &args.plot {
         std::fs::write(p, bench::svg::render(&report))
