@@ -19,7 +19,8 @@ packages through a .pth):
 the bench's test compares with the command line it builds) and loads nothing.
 
 stdout: one JSON line per case (short / medium / long, the texts of src/bench/mod.rs TEXTS):
-prompt_tokens, max_codes, codes, chunks, and per measured run first_audio_ms, wall_s, audio_s, rtf, stall_ms
+prompt_tokens, max_codes, codes, last_codes (the speech codes of the last measured run, in order,
+as its text names them), chunks, and per measured run first_audio_ms, wall_s, audio_s, rtf, stall_ms
 (with their median / min / max), first_code_ms (call to the backbone's first streamed token:
 phonemes, tokenizing, prefill, one step) and codec_ms (the vendor's decode_code calls, timed
 around them, with their count and frames), the load average before and after, and the settings.
@@ -79,6 +80,7 @@ import types
 import numpy as np
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SPEECH = re.compile(r"<\|speech_(\d+)\|>")
 
 
 def _install_stubs():
@@ -176,6 +178,7 @@ class CappedBackbone:
 
         self._procs = LogitsProcessorList([speech_only])
         self.codes = 0
+        self.code_list = []
         self.first_item_at = None
 
     def __getattr__(self, name):
@@ -185,6 +188,7 @@ class CappedBackbone:
         kw["max_tokens"] = self.cap
         kw["logits_processor"] = self._procs
         self.codes = 0
+        self.code_list = []
         self.first_item_at = None
         out = self._llm(prompt, **kw)
         if not kw.get("stream"):
@@ -195,7 +199,9 @@ class CappedBackbone:
         for item in items:
             if self.first_item_at is None:
                 self.first_item_at = time.perf_counter()
-            self.codes += item["choices"][0]["text"].count("<|speech_")
+            text = item["choices"][0]["text"]
+            self.codes += text.count("<|speech_")
+            self.code_list.extend(int(n) for n in SPEECH.findall(text))
             yield item
 
 
@@ -379,11 +385,13 @@ def main():
                          "first_code_ms": (tts.backbone.first_item_at - t0) * 1000,
                          "codec_ms": tts.codec.seconds * 1000, "codec_calls": tts.codec.calls,
                          "codec_frames": tts.codec.frames,
-                         "codes": tts.backbone.codes, "chunks": len(arrivals),
+                         "codes": tts.backbone.codes, "code_list": list(tts.backbone.code_list),
+                         "chunks": len(arrivals),
                          "chunk_ms": [round(t * 1000, 1) for t, _ in arrivals],
                          "chunk_samples": [n for _, n in arrivals]})
         line = {"case": case, "text": text, "prompt_tokens": prompt_tokens, "max_codes": caps[case],
-                "codes": runs[-1]["codes"], "chunks": runs[-1]["chunks"],
+                "codes": runs[-1]["codes"], "last_codes": runs[-1]["code_list"],
+                "chunks": runs[-1]["chunks"],
                 "load_before": [round(x, 2) for x in load_before],
                 "load_after": [round(x, 2) for x in os.getloadavg()]}
         for k in ("first_audio_ms", "wall_s", "audio_s", "rtf", "stall_ms", "first_code_ms", "codec_ms"):

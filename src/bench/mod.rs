@@ -43,6 +43,9 @@ pub struct Run {
     pub numbers: metrics::RunNumbers,
     /// Seconds since the bench started when each tenth code came (codes/s over the run).
     pub code_times_s: Vec<f64>,
+    /// The codes it made, in order (a peer's greedy codes are compared with them).
+    #[serde(skip)]
+    pub codes: Vec<u32>,
 }
 
 /// Median and half-range of a set of numbers.
@@ -238,12 +241,13 @@ pub fn run(
             for r in 0..runs {
                 progress(&format!("{case} / {voice} / run {}", r + 1), done, total);
                 let req = bench_request(text, voice, r as u64, sampling);
-                let mut code_times = Vec::new();
+                let (mut code_times, mut codes) = (Vec::new(), Vec::new());
                 let report = door.synthesize(&req, &mut |ev| {
-                    if let SynthEvent::Code { index, .. } = ev
-                        && index % 10 == 9
-                    {
-                        code_times.push(started.elapsed().as_secs_f64());
+                    if let SynthEvent::Code { index, code } = ev {
+                        codes.push(code);
+                        if index % 10 == 9 {
+                            code_times.push(started.elapsed().as_secs_f64());
+                        }
                     }
                     ControlFlow::Continue(())
                 })?;
@@ -253,6 +257,7 @@ pub fn run(
                     run: r,
                     numbers: report.numbers(),
                     code_times_s: code_times,
+                    codes,
                 });
                 done += 1;
             }

@@ -718,7 +718,7 @@ fn run_peer(
 }
 
 /// How many tokens two greedy runs share from the start.
-fn leading_agreement(a: &[u32], b: &[u32]) -> usize {
+pub(super) fn leading_agreement(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::peers::{BenchError, Peer, peer_gguf, peer_python};
+use super::peers::{BenchError, Peer, leading_agreement, peer_gguf, peer_python};
 use super::{CaseSummary, Report, TEXTS, columns};
 use crate::synth::Synthesizer;
 
@@ -38,6 +38,12 @@ pub struct VendorCase {
     pub first_code_ms: Spread,
     /// Its decode_code calls, timed around them.
     pub codec_ms: Spread,
+    /// The codes of its last run.
+    #[serde(skip)]
+    pub last_codes: Vec<u32>,
+    /// Greedy runs: how many of its last run's codes equal our last run's from the start (the
+    /// same model in both, or not); `None` when sampled or either side's codes are unknown.
+    pub codes_as_ours: Option<usize>,
     /// What the script says it ran with (versions, llama.cpp's settings, windows, stubs).
     pub settings: serde_json::Value,
 }
@@ -117,6 +123,9 @@ struct Line {
     stall_ms: Spread,
     first_code_ms: Spread,
     codec_ms: Spread,
+    /// Absent from scripts older than the comparison.
+    #[serde(default)]
+    last_codes: Vec<u32>,
     settings: serde_json::Value,
 }
 
@@ -204,7 +213,19 @@ impl VendorPeer {
                     .map(|c| (c.case.as_str(), (c.codes.median.round() as usize).max(1)))
                     .collect(),
             };
-            cases.extend(self.run_voice(&req, &mine)?);
+            let mut theirs = self.run_voice(&req, &mine)?;
+            if opts.temperature == 0.0 {
+                for c in &mut theirs {
+                    c.codes_as_ours = ours
+                        .runs
+                        .iter()
+                        .rev()
+                        .find(|r| r.case == c.case && r.voice == c.voice)
+                        .filter(|r| !r.codes.is_empty() && !c.last_codes.is_empty())
+                        .map(|r| leading_agreement(&r.codes, &c.last_codes));
+                }
+            }
+            cases.extend(theirs);
         }
         progress("done", voices.len(), voices.len());
         let settings = cases.first().map(|c| &c.settings);
@@ -247,6 +268,8 @@ impl VendorPeer {
                 stall_ms: line.stall_ms,
                 first_code_ms: line.first_code_ms,
                 codec_ms: line.codec_ms,
+                last_codes: line.last_codes,
+                codes_as_ours: None,
                 settings: line.settings,
             })
             .collect())
@@ -293,7 +316,7 @@ impl VendorReport {
     /// The block `bench` prints after its own table.
     pub fn table(&self, ours: &Report) -> String {
         let mut s = format!(
-            "the vendor's streaming pipeline (peer): {} on {}, {} decode threads\n  GGUF {}, codec {} (its ONNX class)\n  the same texts and voices, as many codes as ours, {}; median [min–max] of {} runs after {} warm-up; x ours: its median / ours\n",
+            "the vendor's streaming pipeline (peer): {} on {}, {} decode threads\n  GGUF {}, codec {} (its ONNX class)\n  the same texts and voices, as many codes as ours, {}; median [min–max] of {} runs after {} warm-up; x ours: its median / ours; codes = ours: its last run's codes equal to ours from the start (greedy runs)\n",
             self.version,
             self.backbone,
             self.threads,
@@ -324,6 +347,7 @@ impl VendorReport {
                 "voice",
                 "prompt",
                 "codes",
+                "codes = ours",
                 "first audio ms",
                 "RTF",
                 "stall ms",
@@ -345,6 +369,8 @@ impl VendorReport {
                 c.voice.clone(),
                 beside(c.prompt_tokens, o.map(|o| o.prompt_tokens.median)),
                 beside(c.codes, o.map(|o| o.codes.median)),
+                c.codes_as_ours
+                    .map_or_else(|| "-".to_owned(), |n| format!("{n}/{}", c.last_codes.len())),
                 spread(c.first_audio_ms, 0),
                 spread(c.rtf, 3),
                 spread(c.stall_ms, 0),
@@ -414,6 +440,7 @@ mod tests {
             "wall_s": spread(5.0, 4.9, 5.2), "audio_s": spread(2.42, 2.42, 2.42),
             "rtf": spread(2.04, 2.04, 2.2), "stall_ms": spread(1377.0, 1371.0, 1750.0),
             "first_code_ms": spread(1100.0, 1090.0, 1200.0), "codec_ms": spread(760.5, 700.0, 800.0),
+            "last_codes": (0..codes as u32).collect::<Vec<_>>(),
             "runs": [], "settings": {"neutts": "1.4.1", "llama_cpp_python": "0.3.36"}})
         .to_string()
     }
@@ -484,6 +511,11 @@ mod tests {
         assert_eq!(c.codec_ms, spread(760.5, 700.0, 800.0));
         assert_eq!(c.settings["neutts"], "1.4.1");
         assert_eq!(cases[1].first_audio_ms.median, 2219.0);
+        assert_eq!(c.last_codes, (0..120).collect::<Vec<u32>>());
+        // What run() fills in from our last run's codes when greedy.
+        let mut cases = cases;
+        cases[0].codes_as_ours = Some(leading_agreement(&[0, 1, 2, 9], &cases[0].last_codes));
+        assert_eq!(cases[0].codes_as_ours, Some(3));
 
         // The block after our table: the peer's prompt beside ours where they differ, ratios of
         // medians, its median / ours.
@@ -528,15 +560,15 @@ mod tests {
         );
         assert_eq!(
             lines[3],
-            "case    voice          prompt  codes    first audio ms                  RTF          stall ms     first code ms       codec ms  first audio x ours  RTF x ours"
+            "case    voice          prompt  codes  codes = ours    first audio ms                  RTF          stall ms     first code ms       codec ms  first audio x ours  RTF x ours"
         );
         assert_eq!(
             lines[4],
-            "short   test   150 (ours 147)    120  1569 [1561–1585]  2.040 [2.040–2.200]  1377 [1371–1750]  1100 [1090–1200]  760 [700–800]                1.18        1.26"
+            "short   test   150 (ours 147)    120         3/120  1569 [1561–1585]  2.040 [2.040–2.200]  1377 [1371–1750]  1100 [1090–1200]  760 [700–800]                1.18        1.26"
         );
         assert_eq!(
             lines[5],
-            "medium  test              201     97  2219 [2010–2314]  2.040 [2.040–2.200]  1377 [1371–1750]  1100 [1090–1200]  760 [700–800]                1.49        1.30"
+            "medium  test              201     97             -  2219 [2010–2314]  2.040 [2.040–2.200]  1377 [1371–1750]  1100 [1090–1200]  760 [700–800]                1.49        1.30"
         );
         assert_eq!(lines.len(), 6, "{table}");
 
