@@ -540,7 +540,8 @@ s = lambda m: {{"median": m, "min": m - 1, "max": m + 1}}
 for c in plan["cases"]:
     print(json.dumps({{"case": c["case"], "text": c["text"], "prompt_tokens": 7, "codes": c["max_codes"],
         "first_audio_ms": s(100.0), "rtf": s(2.0), "stall_ms": s(0.0), "first_code_ms": s(50.0),
-        "codec_ms": s(10.0), "settings": {{"neutts": "stand-in", "llama_cpp_python": "none"}}}}))
+        "codec_ms": s(10.0), "last_codes": list(range(c["max_codes"])),
+        "settings": {{"neutts": "stand-in", "llama_cpp_python": "none"}}}}))
 PY
 "#,
             py = python.display(),
@@ -590,20 +591,28 @@ PY
         format!("  GGUF {gguf_arg}, codec models/tiny/codec/model.onnx (its ONNX class)")
     );
     assert!(block[3].starts_with("case    voice"), "{out}");
-    // Our prompts on models/tiny are 151 / 220 / 323 tokens; the stand-in says 7, and gives no
-    // codes to compare with ours ("-"). (The cells; the unit test checks the columns' layout.)
+    // Our prompts on models/tiny are 151 / 220 / 323 tokens; the stand-in says 7, and its codes
+    // 0, 1, 2, ... equal ours from the start as far as ours count up from 0 (greedy: compared).
+    // (The cells; the unit test checks the columns' layout.)
+    let mut agreed = Vec::new();
     for (row, (case, ours)) in
         block[4..]
             .iter()
             .zip([("short", 151), ("medium", 220), ("long", 323)])
     {
-        let cells = row.split_whitespace().collect::<Vec<_>>().join(" ");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        let (head, tail) = (cells[..6].join(" "), cells[7..].join(" "));
+        assert_eq!(head, format!("{case} test 7 (ours {ours}) 120"), "{out}");
         assert!(
-            cells.starts_with(&format!(
-                "{case} test 7 (ours {ours}) 120 - 100 [99–101] 2.000 [1.000–3.000] 0 [-1–1] 50 [49–51] 10 [9–11] "
-            )),
+            tail.starts_with("100 [99–101] 2.000 [1.000–3.000] 0 [-1–1] 50 [49–51] 10 [9–11] "),
             "{out}"
         );
+        let n = cells[6]
+            .strip_suffix("/120")
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("codes = ours cell {:?}: {out}", cells[6]));
+        assert!(n <= 120, "{out}");
+        agreed.push(n);
     }
     assert_eq!(block.len(), 7, "{out}");
     // What the real script read from the bench's command line.
@@ -648,6 +657,14 @@ PY
     assert_eq!(vendor["cases"].as_array().unwrap().len(), 3);
     assert_eq!(vendor["cases"][2]["case"], "long");
     assert_eq!(vendor["cases"][2]["codes"], 120);
+    // Greedy both times: the same comparison as the table's.
+    let json_agreed: Vec<u64> = vendor["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["codes_as_ours"].as_u64().unwrap())
+        .collect();
+    assert_eq!(json_agreed, agreed);
     assert_eq!(
         vendor["cases"][2]["first_audio_ms"],
         serde_json::json!({"median": 100.0, "min": 99.0, "max": 101.0})

@@ -12,8 +12,8 @@ use onebit_tts::audio::{AudioFormat, OutputSpec};
 use onebit_tts::codec::stream::Windows;
 use onebit_tts::engine::{CancelToken, GenerationParams, SamplingParams};
 use onebit_tts::synth::{
-    CODES_FORMAT, CODES_FORMAT_WINDOWS, Decoding, SpeechCodes, SpeechRequest, SynthConfig,
-    SynthEvent, Synthesizer, load_codec,
+    CODES_FORMAT, CODES_FORMAT_FIRST, CODES_FORMAT_WINDOWS, Decoding, SpeechCodes, SpeechRequest,
+    SynthConfig, SynthEvent, Synthesizer, load_codec,
 };
 
 /// Twelve sentences: more than one piece on models/tiny-static (512 KV positions).
@@ -284,12 +284,19 @@ fn streamed_codes_decode_in_their_layout(windows: Windows) {
         let doc = SpeechCodes::of(&synth, &req, &report).unwrap();
         assert_eq!((doc.decoding, doc.windows), (Decoding::Windowed, windows));
         // The vendor's layout is not written, so documents of earlier versions read as before;
-        // another layout makes a format they refuse rather than decode in the wrong windows.
-        assert_eq!(doc.to_json().contains("\"windows\""), !windows.is_vendor());
+        // another layout makes a format they refuse rather than decode in the wrong windows:
+        // v2 for other look-back or later chunks, v3 once the first chunk differs too (a v2
+        // reader would ignore `first`). The vendor's first chunk is not written either, so a v2
+        // document reads back as it was written.
+        let json = doc.to_json();
+        assert_eq!(json.contains("\"windows\""), !windows.is_vendor());
+        assert_eq!(json.contains("\"first\""), windows.first != 25);
         let format_name = if windows.is_vendor() {
             CODES_FORMAT
-        } else {
+        } else if windows.first == 25 {
             CODES_FORMAT_WINDOWS
+        } else {
+            CODES_FORMAT_FIRST
         };
         assert_eq!(doc.codes_format, format_name);
         let doc = SpeechCodes::from_json(&doc.to_json()).unwrap();

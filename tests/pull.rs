@@ -1543,7 +1543,8 @@ fn cuda_builds_by_the_real_builder_follow_transformers_on_the_cpu_provider() {
     // two prompts); the bound is about twice that.
     follows_transformers(&py, &ckpt, &work, &pkg, &mut ort, 0.1);
 
-    // With the builder's block_size asked for: every MatMulNBits of the export has it.
+    // With the builder's block_size asked for: build.json records it, and the head (the
+    // MatMulNBits `models check` describes) has it.
     let (int4, stdout) = built("int4", &["--block-size", "128"]);
     assert!(stdout.contains("speech-only head"), "{stdout}");
     let manifest: serde_json::Value =
@@ -2009,7 +2010,7 @@ fn models_build_explains_what_it_cannot_build() {
         &[],
     ));
     assert!(
-        e.contains("--block-size") && e.contains("a fp32 export has none"),
+        e.contains("--block-size") && e.contains("a fp32 export has no quantised weights"),
         "{e}"
     );
     // Only the builder's block sizes are taken.

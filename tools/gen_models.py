@@ -1385,8 +1385,9 @@ def main(argv=None):
                          "activations); 0 computes in float32, a reference for other engines' parity"
                          % ACCURACY_LEVEL)
     ap.add_argument("--block-size", type=int, choices=[16, 32, 64, 128, 256], default=BLOCK,
-                    help="MatMulNBits block_size of the int4 weights (default %d, the builder's "
-                         "int4_block_size default)" % BLOCK)
+                    help="MatMulNBits block_size of the int4 weights (default %d, onnxruntime-genai's "
+                         "builder's block_size default); it must divide every weight's input width"
+                         % BLOCK)
     a = ap.parse_args(argv)
     ACCURACY_LEVEL = a.accuracy_level
     BLOCK = a.block_size
@@ -1402,6 +1403,13 @@ def main(argv=None):
         if os.path.dirname(os.path.abspath(a.encoder_out)) == codec_dir:
             encoder_in_package = os.path.basename(a.encoder_out)
     if a.out:
+        shape = REAL if a.real_shape else TINY
+        widths = {"hidden": shape["hidden"], "heads x head_size": shape["heads"] * shape["head_size"],
+                  "intermediate": shape["intermediate"]}
+        for name, k in widths.items():
+            if k % BLOCK:
+                ap.error("--block-size %d does not divide the %s shape's %s (%d); its int4 blocks "
+                         "are not padded" % (BLOCK, "real" if a.real_shape else "tiny", name, k))
         e = generate(a.out, a.variant, a.real_shape, encoder_in_package, a.codec, a.kv_len, a.kv_dtype,
                      a.last_logits, a.mask_dtype)
         print("wrote %s: variant %s, codec %s, vocab_size %d, speech ids %d..%d, END %d%s" % (

@@ -172,10 +172,13 @@ impl VendorPeer {
         opts: VendorOptions,
         progress: &mut dyn FnMut(&str, usize, usize),
     ) -> Result<VendorReport, BenchError> {
+        // What the tuned plan gives our backbone (with `--thread-policy ort`, ONNX Runtime counts
+        // for itself; --threads sets both).
         let threads = opts.threads.unwrap_or_else(|| {
-            crate::runtime::CpuTopology::detect()
-                .usable_cores()
-                .min(crate::runtime::threads::MAX_THREADS)
+            use crate::runtime::{ThreadPlan, ThreadPolicy};
+            ThreadPlan::for_process(ThreadPolicy::Tuned, None, None)
+                .intra_threads
+                .unwrap_or(1)
         });
         let codec = synth.package().codec.decoder.clone();
         let store = synth.voices();

@@ -67,7 +67,9 @@ pub struct Windows {
     pub lookback: usize,
     /// Codes emitted by every chunk after the first.
     pub chunk: usize,
-    /// Codes emitted by the first chunk.
+    /// Codes emitted by the first chunk. Written only when not the vendor's, so a layout that
+    /// keeps it is written as versions before it wrote it.
+    #[serde(skip_serializing_if = "is_vendor_first")]
     pub first: usize,
 }
 
@@ -121,7 +123,7 @@ impl Windows {
     }
 }
 
-/// A layout as a document holds it, checked by [`Windows::new`] before use.
+/// A layout as a document holds it, checked by [`Windows::with_first`] before use.
 #[derive(serde::Deserialize)]
 struct RawWindows {
     lookback: usize,
@@ -133,6 +135,10 @@ struct RawWindows {
 
 fn vendor_first() -> usize {
     FRAMES_PER_CHUNK
+}
+
+fn is_vendor_first(first: &usize) -> bool {
+    *first == FRAMES_PER_CHUNK
 }
 
 impl TryFrom<RawWindows> for Windows {

@@ -64,8 +64,8 @@ pub enum BuildError {
     )]
     Fp16OnCpu,
     #[error(
-        "--block-size is the block of int4 and int8 weights; a {0} export has none (use \
-         --precision int4 or int8)"
+        "--block-size sets the quantisation block of int4/int8 weights; a {0} export has no \
+         quantised weights (use --precision int4 or int8, or drop --block-size)"
     )]
     BlockSizeNeedsIntegers(&'static str),
     #[error("{}: not a checkpoint directory: {missing}", .dir.display())]
@@ -120,10 +120,9 @@ pub struct BuildOptions {
     pub block_size: Option<BlockSize>,
 }
 
-/// A MatMulNBits block size the builder takes. Larger blocks read fewer scales and ran the
-/// int4 decode step 1.2x and the prefill 1.4x faster on an AVX-512 CPU, at a coarser
-/// quantisation (docs/performance.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+/// A MatMulNBits block size the builder takes. Larger blocks mean fewer scales to read and a
+/// coarser quantisation (measured: docs/performance.md, "The int4 block size").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BlockSize {
     #[value(name = "16")]
     B16,

@@ -25,6 +25,21 @@ pub const CODES_FORMAT: &str = "onebit-tts.codes.v1";
 /// a version that reads only [`CODES_FORMAT`] refuses it rather than decode it in the vendor's
 /// windows, which would give other samples.
 pub const CODES_FORMAT_WINDOWS: &str = "onebit-tts.codes.v2";
+/// The `codes_format` of a document whose first streamed chunk is not the vendor's size
+/// (`windows.first`): a version that reads [`CODES_FORMAT_WINDOWS`] ignores that field and would
+/// decode the first chunk in the vendor's size, so it must refuse this one.
+pub const CODES_FORMAT_FIRST: &str = "onebit-tts.codes.v3";
+
+/// The oldest format that records `windows` exactly.
+fn format_of(windows: Windows) -> &'static str {
+    if windows.is_vendor() {
+        CODES_FORMAT
+    } else if windows.first == Windows::VENDOR.first {
+        CODES_FORMAT_WINDOWS
+    } else {
+        CODES_FORMAT_FIRST
+    }
+}
 
 /// How the codes were turned into audio: decoding changes the samples, so it is part of the
 /// record.
@@ -105,7 +120,7 @@ pub enum CodesError {
     #[error("not a codes document: {0}")]
     Json(#[from] serde_json::Error),
     #[error(
-        "codes_format is {found:?}; this version reads {CODES_FORMAT:?} and {CODES_FORMAT_WINDOWS:?} (write the codes again with this version's `say --codes`)"
+        "codes_format is {found:?}; this version reads {CODES_FORMAT:?}, {CODES_FORMAT_WINDOWS:?} and {CODES_FORMAT_FIRST:?} (write the codes again with this version's `say --codes`)"
     )]
     Format { found: String },
     #[error("a pause of {0} s is not one markup can make (0 to 10 s)")]
@@ -144,12 +159,7 @@ impl SpeechCodes {
             Windows::VENDOR
         };
         Ok(Self {
-            codes_format: if windows.is_vendor() {
-                CODES_FORMAT
-            } else {
-                CODES_FORMAT_WINDOWS
-            }
-            .to_owned(),
+            codes_format: format_of(windows).to_owned(),
             model,
             voice: req.voice.clone(),
             text: req.text.clone(),
@@ -192,7 +202,9 @@ impl SpeechCodes {
         }
         let head: Head = serde_json::from_str(text)?;
         match head.codes_format {
-            Some(f) if f == CODES_FORMAT || f == CODES_FORMAT_WINDOWS => {}
+            Some(f)
+                if [CODES_FORMAT, CODES_FORMAT_WINDOWS, CODES_FORMAT_FIRST]
+                    .contains(&f.as_str()) => {}
             found => {
                 return Err(CodesError::Format {
                     found: found.unwrap_or_else(|| "missing".to_owned()),

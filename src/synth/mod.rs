@@ -34,7 +34,8 @@ use crate::voice::{Voice, VoiceError, VoiceStore};
 
 pub use audio::{AudioTally, PIECE_PAUSE_S};
 pub use codes::{
-    CODES_FORMAT, CODES_FORMAT_WINDOWS, CodesError, Decoding, PieceCodes, SpeechCodes,
+    CODES_FORMAT, CODES_FORMAT_FIRST, CODES_FORMAT_WINDOWS, CodesError, Decoding, PieceCodes,
+    SpeechCodes,
 };
 pub use load::{EngineKind, SynthConfig, device_label, load_codec, load_engine, resolve_dir};
 pub use plan::{

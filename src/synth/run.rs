@@ -17,7 +17,7 @@ impl Synthesizer {
     /// Synthesises one request. `sink` sees progress and audio in order and may stop the request.
     ///
     /// Streaming requests decode in the vendor's overlapping windows while codes are generated, so
-    /// the first audio leaves after 30 codes; whole requests decode each piece once, as the vendor's
+    /// the first audio leaves after 30 codes (F + 5 in a layout `L:C:F`); whole requests decode each piece once, as the vendor's
     /// non-streaming path does. Long texts run piece by piece into one continuous output.
     pub fn synthesize(
         &self,

@@ -80,9 +80,9 @@ pub enum ModelsCmd {
         /// Replace a directory that neither `models pull` nor `models build` made.
         #[arg(long)]
         force: bool,
-        /// Weights per scale of int4/int8 weights (the builder's default: 32). 128 decoded 1.2x
-        /// and prefilled 1.4x faster on a 2-core AVX-512 CPU, at a coarser quantisation than the
-        /// vendor's Q4_0 (blocks of 32); see docs/performance.md.
+        /// Weights per scale of int4/int8 weights (the builder's default: 32, as the vendor's
+        /// Q4_0). Larger blocks decode and prefill faster on a CPU at a coarser quantisation
+        /// (measured: docs/performance.md, "The int4 block size").
         #[arg(long, value_enum)]
         block_size: Option<build::BlockSize>,
     },
