@@ -177,7 +177,6 @@ class CappedBackbone:
             return scores
 
         self._procs = LogitsProcessorList([speech_only])
-        self.codes = 0
         self.code_list = []
         self.first_item_at = None
 
@@ -187,7 +186,6 @@ class CappedBackbone:
     def __call__(self, prompt, **kw):
         kw["max_tokens"] = self.cap
         kw["logits_processor"] = self._procs
-        self.codes = 0
         self.code_list = []
         self.first_item_at = None
         out = self._llm(prompt, **kw)
@@ -199,9 +197,7 @@ class CappedBackbone:
         for item in items:
             if self.first_item_at is None:
                 self.first_item_at = time.perf_counter()
-            text = item["choices"][0]["text"]
-            self.codes += text.count("<|speech_")
-            self.code_list.extend(int(n) for n in SPEECH.findall(text))
+            self.code_list.extend(int(n) for n in SPEECH.findall(item["choices"][0]["text"]))
             yield item
 
 
@@ -385,7 +381,7 @@ def main():
                          "first_code_ms": (tts.backbone.first_item_at - t0) * 1000,
                          "codec_ms": tts.codec.seconds * 1000, "codec_calls": tts.codec.calls,
                          "codec_frames": tts.codec.frames,
-                         "codes": tts.backbone.codes, "code_list": list(tts.backbone.code_list),
+                         "codes": len(tts.backbone.code_list), "code_list": list(tts.backbone.code_list),
                          "chunks": len(arrivals),
                          "chunk_ms": [round(t * 1000, 1) for t, _ in arrivals],
                          "chunk_samples": [n for _, n in arrivals]})

@@ -222,11 +222,7 @@ pub fn run_engine_bench(
     let mut peers: Vec<PeerRun> = Vec::new();
     let mut llama_note = None;
     if opts.peers {
-        let peer_dir = opts
-            .peer_model
-            .as_deref()
-            .map(resolve_dir)
-            .unwrap_or_else(|| pkg.dir.clone());
+        let peer_dir = peer_dir(opts.peer_model.as_deref(), &pkg.dir);
         let prompts: Vec<Vec<u32>> = lens
             .iter()
             .map(|&n| synthetic_prompt(&candidates, &text_ids, n))
@@ -469,6 +465,12 @@ impl EngineReport {
         }
         s
     }
+}
+
+/// The package the peers run: `--peer-model`, else the bench's own (`main`). Its name also gives
+/// the llama.cpp peers' default GGUF ([`peer_gguf`]).
+pub fn peer_dir(peer_model: Option<&Path>, main: &Path) -> PathBuf {
+    peer_model.map_or_else(|| main.to_path_buf(), resolve_dir)
 }
 
 /// The command that makes the llama.cpp peer's model from a package.

@@ -156,11 +156,7 @@ pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
     };
     // Found before our runs: a missing setup is refused before minutes of measuring.
     let vendor = if args.peers {
-        let peer_dir = args
-            .peer_model
-            .as_deref()
-            .map(onebit_tts::synth::resolve_dir)
-            .unwrap_or_else(|| synth.package().dir.clone());
+        let peer_dir = bench::peers::peer_dir(args.peer_model.as_deref(), &synth.package().dir);
         Some(bench::vendor::VendorPeer::find(
             args.llama_gguf.as_deref(),
             &peer_dir,
