@@ -66,6 +66,9 @@ pub struct RunNumbers {
     /// `stop` (the end token), `length` (a piece reached its code limit) or `cancelled`.
     pub finish: &'static str,
     pub prompt_tokens: usize,
+    /// Of `prompt_tokens`, those whose KV came from the voice-prefix cache; the prefill rate
+    /// counts only the others, the ones prefilled.
+    pub cached_tokens: usize,
     pub audio_s: f64,
     /// Codes per second of decode time.
     pub codes_per_s: f64,
@@ -100,6 +103,7 @@ impl RunNumbers {
             codes,
             finish,
             prompt_tokens,
+            cached_tokens: 0,
             audio_s,
             codes_per_s: cps,
             x_real_time: times_real_time(cps),
@@ -115,5 +119,12 @@ impl RunNumbers {
             total_ms: ms(t.total),
             npu_commands: None,
         }
+    }
+
+    /// `cached` of the prompt tokens were not prefilled: the prefill rate counts the others.
+    pub fn set_cached(&mut self, cached: usize, t: &StageTimings) {
+        self.cached_tokens = cached;
+        self.prefill_tok_per_s =
+            self.prompt_tokens.saturating_sub(cached) as f64 / t.prefill.as_secs_f64().max(1e-9);
     }
 }

@@ -46,7 +46,25 @@ pub fn build(
     vocab: &SpeechVocab,
     input: &PromptInput<'_>,
 ) -> Result<Vec<u32>, PromptError> {
+    build_shared(tok, vocab, input).map(|(ids, _)| ids)
+}
+
+/// [`build`], and how many of the ids come before anything of the request's own text: the
+/// instruction and the voice's transcript, the same for every request of the voice (and
+/// emotion). Where the tokenizer joins the transcript's last word with what follows, the count
+/// stops before it.
+pub fn build_shared(
+    tok: &Tokenizer,
+    vocab: &SpeechVocab,
+    input: &PromptInput<'_>,
+) -> Result<(Vec<u32>, usize), PromptError> {
     let mut ids = Vec::with_capacity(input.ref_codes.len() + 64 + input.text.len());
+    // The joined "transcript text" tokens agree with the transcript's own up to here.
+    let transcript_part = |joined: &[u32]| -> Result<usize, PromptError> {
+        let alone = encode(tok, input.ref_text)?;
+        Ok(alone.iter().zip(joined).take_while(|(a, b)| a == b).count())
+    };
+    let shared;
     match input.format {
         InputFormat::Phonemes => {
             if input.emotion.is_some() {
@@ -56,14 +74,20 @@ pub fn build(
             // tokenizes the same alone as in the whole string.
             ids.extend(encode(tok, "user: Convert the text to speech:")?);
             ids.push(vocab.text_prompt_start);
-            ids.extend(encode(tok, &format!("{} {}", input.ref_text, input.text))?);
+            let joined = encode(tok, &format!("{} {}", input.ref_text, input.text))?;
+            shared = ids.len() + transcript_part(&joined)?;
+            ids.extend(joined);
             ids.push(vocab.text_prompt_end);
             ids.extend(encode(tok, "\nassistant:")?);
         }
         InputFormat::Bpe => {
             ids.push(vocab.text_prompt_start);
             match input.emotion {
-                None => ids.extend(encode(tok, &format!("{} {}", input.ref_text, input.text))?),
+                None => {
+                    let joined = encode(tok, &format!("{} {}", input.ref_text, input.text))?;
+                    shared = ids.len() + transcript_part(&joined)?;
+                    ids.extend(joined);
+                }
                 Some(emotion) => {
                     let token = format!("<|{}|>", emotion.to_uppercase());
                     let id = tok
@@ -71,6 +95,7 @@ pub fn build(
                         .ok_or(PromptError::UnknownEmotion(token))?;
                     ids.extend(encode(tok, input.ref_text)?);
                     ids.push(id);
+                    shared = ids.len();
                     ids.extend(encode(tok, input.text)?);
                 }
             }
@@ -84,5 +109,5 @@ pub fn build(
         }
         ids.push(vocab.code_to_id(code));
     }
-    Ok(ids)
+    Ok((ids, shared))
 }

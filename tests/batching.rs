@@ -78,6 +78,7 @@ fn scheduler(model: &str, kv: KvMode, max_batch: usize) -> (ModelPackage, Schedu
             max_batch,
             prefill_chunk: 16,
             batch_invariant: false,
+            prefix_cache_mib: engine::scheduler::DEFAULT_PREFIX_CACHE_MIB,
         },
     )
     .unwrap();
@@ -295,6 +296,7 @@ fn synth(max_batch: usize, codec_sessions: usize) -> Synthesizer {
             max_batch,
             prefill_chunk: 32,
             batch_invariant: false,
+            prefix_cache_mib: engine::scheduler::DEFAULT_PREFIX_CACHE_MIB,
         },
         ..SynthConfig::default()
     })
@@ -518,6 +520,7 @@ fn batch_invariant_sampled_takes_are_the_same_alone_and_beside_others() {
                 // Chunks of 16 (of 17 where one token would be left for a run of its own).
                 prefill_chunk: 16,
                 batch_invariant: true,
+                prefix_cache_mib: engine::scheduler::DEFAULT_PREFIX_CACHE_MIB,
             },
         )
         .unwrap();
@@ -576,6 +579,7 @@ fn a_sequence_leaves_the_batch_count_before_its_caller_hears_that_it_ended() {
             max_batch: 4,
             prefill_chunk: 16,
             batch_invariant: false,
+            prefix_cache_mib: engine::scheduler::DEFAULT_PREFIX_CACHE_MIB,
         },
     )
     .unwrap();
@@ -927,6 +931,7 @@ fn a_transient_failure_on_the_batched_path_is_retried_once_for_a_whole_file() {
                 max_batch: 2,
                 prefill_chunk: 32,
                 batch_invariant: false,
+                prefix_cache_mib: engine::scheduler::DEFAULT_PREFIX_CACHE_MIB,
             },
         )
         .unwrap()

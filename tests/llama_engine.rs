@@ -197,6 +197,7 @@ fn batched_sequences_make_the_codes_they_make_alone() {
                 max_batch,
                 prefill_chunk: 16,
                 batch_invariant: false,
+                prefix_cache_mib: onebit_tts::engine::scheduler::DEFAULT_PREFIX_CACHE_MIB,
             },
         )
         .unwrap();
@@ -230,6 +231,7 @@ fn batch_invariant_runs_the_llama_engine_one_request_at_a_time() {
                 max_batch: 4,
                 prefill_chunk: 16,
                 batch_invariant,
+                prefix_cache_mib: onebit_tts::engine::scheduler::DEFAULT_PREFIX_CACHE_MIB,
             },
         )
         .unwrap()

@@ -63,6 +63,7 @@ fn prompts_equal_the_vendor_template_output() {
     let front = FrontEnd::new(pkg, store);
     let cases = golden["cases"].as_array().unwrap();
     let mut checked = 0;
+    let mut groups: std::collections::BTreeMap<String, Vec<(Vec<u32>, usize)>> = Default::default();
     for case in cases {
         let format: InputFormat = case["input_format"].as_str().unwrap().parse().unwrap();
         let want_key = match format {
@@ -90,8 +91,31 @@ fn prompts_equal_the_vendor_template_output() {
             "{} {} {:?}: {}",
             case["voice"], case["lang"], format, case["text"]
         );
+        let key = format!("{} {format:?}", case["voice"]);
+        groups
+            .entry(key)
+            .or_default()
+            .push((ids.clone(), pieces[0].voice_prefix));
         checked += 1;
     }
     assert_eq!(checked, cases.len());
+    // The voice part of each prompt (what the prefix cache may reuse) is the same in every
+    // prompt of the voice, and no token of it differs between two of them: at most the
+    // ids both texts happen to begin with lie beyond it.
+    for (key, prompts) in &groups {
+        let (first, n) = &prompts[0];
+        for (ids, m) in prompts {
+            let common = first.iter().zip(ids).take_while(|(a, b)| a == b).count();
+            assert_eq!(m, n, "{key}: voice parts of other lengths");
+            assert!(
+                *n > 0 && *n <= common,
+                "{key}: voice part {n}, shared {common}"
+            );
+            eprintln!(
+                "{key}: voice part {n} of {} ids, shared {common}",
+                ids.len()
+            );
+        }
+    }
     eprintln!("prompt parity: {checked} vendor prompts identical");
 }

@@ -1716,6 +1716,9 @@ async fn load_200_requests_from_32_clients_get_200_or_429_and_never_mix_bytes() 
     );
     // Not batch-invariant: no step was padded.
     assert_eq!(metric(&text, "onebit_decode_pad_rows_total"), 0.0);
+    // Every request after the first found voice `test`'s prefix in the cache (a request is
+    // admitted only once the one before it is prefilled, which kept that prefix).
+    assert!(metric(&text, "onebit_prompt_cached_tokens_total") > 0.0);
     assert_eq!(
         metric(&text, "onebit_stream_codes_per_second_count"),
         metric(&text, "onebit_generations_total")

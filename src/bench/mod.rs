@@ -92,6 +92,8 @@ pub struct CaseSummary {
     pub voice: String,
     pub runs: usize,
     pub prompt_tokens: Stat,
+    /// Prompt tokens the voice-prefix cache gave (0 in a voice's first run).
+    pub cached_tokens: Stat,
     pub codes: Stat,
     pub codes_per_s: Stat,
     pub x_real_time: Stat,
@@ -278,6 +280,7 @@ pub fn run(
                 voice: voice.clone(),
                 runs: rs.len(),
                 prompt_tokens: stat(&|r| r.numbers.prompt_tokens as f64),
+                cached_tokens: stat(&|r| r.numbers.cached_tokens as f64),
                 codes: stat(&|r| r.numbers.codes as f64),
                 codes_per_s: stat(&|r| r.numbers.codes_per_s),
                 x_real_time: stat(&|r| r.numbers.x_real_time),
@@ -319,7 +322,7 @@ impl Report {
     /// The table `bench` prints on stdout.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "engine {}\ndevice {}\npackage {}\nmachine {}\ncodec {}\n\n{:<8} {:<8} {:>6} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   stage ms (front/prefill/decode/codec/encode)\n",
+            "engine {}\ndevice {}\npackage {}\nmachine {}\ncodec {}\n\n{:<8} {:<8} {:>6} {:>6} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   stage ms (front/prefill/decode/codec/encode)\n",
             self.engine,
             self.device,
             self.package,
@@ -328,6 +331,7 @@ impl Report {
             "case",
             "voice",
             "prompt",
+            "cached",
             "codes",
             "codes/s",
             "x real time",
@@ -340,10 +344,11 @@ impl Report {
         for c in &self.cases {
             let st = &c.stage_ms;
             s.push_str(&format!(
-                "{:<8} {:<8} {:>6.0} {:>6.0} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   {:.1}/{:.1}/{:.1}/{:.1}/{:.1}\n",
+                "{:<8} {:<8} {:>6.0} {:>6.0} {:>6.0} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   {:.1}/{:.1}/{:.1}/{:.1}/{:.1}\n",
                 c.case,
                 c.voice,
                 c.prompt_tokens.median,
+                c.cached_tokens.median,
                 c.codes.median,
                 f(c.codes_per_s, 1),
                 f(c.x_real_time, 2),

@@ -412,6 +412,7 @@ mod tests {
             voice: "test".into(),
             runs: 3,
             prompt_tokens: stat(prompt),
+            cached_tokens: stat(0.0),
             codes: stat(codes),
             codes_per_s: stat(0.0),
             x_real_time: stat(0.0),

@@ -10,6 +10,7 @@ pub mod device;
 pub mod llama;
 pub mod oga;
 pub mod ort_engine;
+pub mod prefix;
 pub mod ryzenai;
 pub mod sampler;
 pub mod scheduler;
@@ -27,6 +28,7 @@ pub use device::{Device, DeviceChoice};
 pub use llama::{LlamaBackbone, LlamaOptions};
 pub use oga::{OgaBackbone, OgaLoadError, OgaOptions, OgaStep};
 pub use ort_engine::{KvMode, OrtBackbone, OrtOptions};
+pub use prefix::{KvRows, PrefixCache};
 pub use ryzenai::{CustomOpsRoute, ProviderSetup};
 pub use sampler::{
     Candidates, InvalidSampling, LogitsLayout, SampleError, Sampler, SamplingParams,
@@ -289,6 +291,18 @@ pub trait BatchBackbone {
     }
     /// Ends the sequence in `slot` of the `running` ones; the last one moves into its slot.
     fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError>;
+    /// A copy of the first `len` positions of `slot`'s cache, for [`BatchBackbone::load_rows`];
+    /// `None` when this backbone cannot copy its cache.
+    fn save_rows(&mut self, _slot: usize, _len: usize) -> Option<Result<KvRows, EngineError>> {
+        None
+    }
+    /// Starts the sequence just opened in `slot` with `rows` (from [`BatchBackbone::save_rows`]
+    /// of this backbone) cut to their first `len` positions; it continues after them.
+    fn load_rows(&mut self, _slot: usize, _rows: &KvRows, _len: usize) -> Result<(), EngineError> {
+        Err(EngineError::Runtime(
+            "this backbone cannot load cached KV rows".into(),
+        ))
+    }
 }
 
 /// How many of the `left` prompt tokens the next prefill run takes: `chunk` (at least 2), but
@@ -493,6 +507,12 @@ impl BatchBackbone for TakingTurns {
     fn close(&mut self, slot: usize, running: usize) -> Result<(), EngineError> {
         self.batched()?.close(slot, running)
     }
+    fn save_rows(&mut self, slot: usize, len: usize) -> Option<Result<KvRows, EngineError>> {
+        self.batched().ok()?.save_rows(slot, len)
+    }
+    fn load_rows(&mut self, slot: usize, rows: &KvRows, len: usize) -> Result<(), EngineError> {
+        self.batched()?.load_rows(slot, rows, len)
+    }
 }
 
 /// How the llama engine's attention keeps and reads its KV cache (`--llama-attention`).
@@ -586,6 +606,9 @@ pub struct Generation {
     /// Commands the NPU completed for this generation, by its driver's hardware-context counters
     /// (`None`: not on the NPU, or the counters could not be read).
     pub npu_commands: Option<u64>,
+    /// Leading prompt tokens whose KV came from the voice-prefix cache: not prefilled, so not
+    /// in `prefill`'s time.
+    pub cached_tokens: usize,
 }
 
 /// The error for a sequence of `prompt` tokens that does not fit `budget`: named after the static

@@ -28,6 +28,7 @@ use ort::value::{
 };
 
 use super::device::{self, Device};
+use super::prefix::{KvData, KvRows};
 use super::ryzenai::ProviderSetup;
 use super::{Backbone, BatchBackbone, CancelToken, EngineError, LogitsLayout};
 use crate::npu::residency::Placement;
@@ -1011,11 +1012,7 @@ fn copy_spans<T: PrimitiveTensorElementType + Copy>(
     spans: impl Iterator<Item = (usize, usize, usize)>,
 ) -> Result<(), EngineError> {
     let (_, src) = src.try_extract_tensor::<T>()?;
-    let (_, dst) = dst.try_extract_tensor_mut::<T>()?;
-    for (from, to, len) in spans {
-        dst[to..to + len].copy_from_slice(&src[from..from + len]);
-    }
-    Ok(())
+    scatter(src, dst, spans)
 }
 
 /// Copies `(from, to, len)` element spans of a tensor onto itself (spans do not overlap).
@@ -1197,6 +1194,121 @@ impl BatchBackbone for OrtBackbone {
         self.lens[last] = 0;
         Ok(())
     }
+
+    fn save_rows(&mut self, slot: usize, len: usize) -> Option<Result<KvRows, EngineError>> {
+        if self.mode != KvMode::Shared {
+            return None;
+        }
+        if slot >= self.slots || len > self.lens[slot] || self.past.len() != self.names.past.len() {
+            return Some(Err(EngineError::Runtime(format!(
+                "KV slot {slot} holds no {len} positions to copy"
+            ))));
+        }
+        let spans = self.row_spans(slot, len);
+        let run = |data: &mut KvData| -> Result<(), EngineError> {
+            for (k, v) in &self.past {
+                for t in [k, v] {
+                    match data {
+                        KvData::F32(out) => gather::<f32>(t, &spans, out)?,
+                        KvData::F16(out) => gather::<half::f16>(t, &spans, out)?,
+                        KvData::Bf16(out) => gather::<half::bf16>(t, &spans, out)?,
+                    }
+                }
+            }
+            Ok(())
+        };
+        let mut data = match self.kv_type {
+            TensorElementType::Float16 => KvData::F16(Vec::new()),
+            TensorElementType::Bfloat16 => KvData::Bf16(Vec::new()),
+            _ => KvData::F32(Vec::new()),
+        };
+        Some(run(&mut data).map(|()| KvRows { len, data }))
+    }
+
+    fn load_rows(&mut self, slot: usize, rows: &KvRows, len: usize) -> Result<(), EngineError> {
+        let per_tensor = self.kv_heads * rows.len * self.head_size;
+        let want = per_tensor * 2 * self.past.len();
+        let held = match &rows.data {
+            KvData::F32(v) => v.len(),
+            KvData::F16(v) => v.len(),
+            KvData::Bf16(v) => v.len(),
+        };
+        if self.mode != KvMode::Shared
+            || slot >= self.slots
+            || self.lens[slot] != 0
+            || len > rows.len
+            || held != want
+        {
+            return Err(EngineError::Runtime(format!(
+                "cached KV rows ({held} values for {} positions) do not fit open slot {slot}",
+                rows.len
+            )));
+        }
+        self.ensure(self.slots, len)?;
+        let row = self.head_size;
+        let to = self.row_spans(slot, len);
+        let ty = self.kv_type;
+        let result = self
+            .past
+            .iter_mut()
+            .flat_map(|(k, v)| [k, v])
+            .enumerate()
+            .try_for_each(|(i, t)| {
+                // The cached tensor i holds its heads one after another, rows.len positions each.
+                let spans = to
+                    .iter()
+                    .enumerate()
+                    .map(|(h, &(at, n))| (i * per_tensor + h * rows.len * row, at, n));
+                match (&rows.data, ty) {
+                    (KvData::F32(src), TensorElementType::Float32) => scatter(src, t, spans),
+                    (KvData::F16(src), TensorElementType::Float16) => scatter(src, t, spans),
+                    (KvData::Bf16(src), TensorElementType::Bfloat16) => scatter(src, t, spans),
+                    _ => Err(EngineError::Runtime(
+                        "cached KV rows of another element type".into(),
+                    )),
+                }
+            });
+        self.failed(result)?;
+        self.lens[slot] = len;
+        Ok(())
+    }
+}
+
+impl OrtBackbone {
+    /// `(start, count)` element spans of `slot`'s first `len` positions in one KV tensor, head by
+    /// head.
+    fn row_spans(&self, slot: usize, len: usize) -> Vec<(usize, usize)> {
+        let (heads, cap, row) = (self.kv_heads, self.capacity, self.head_size);
+        (0..heads)
+            .map(|h| ((slot * heads + h) * cap * row, len * row))
+            .collect()
+    }
+}
+
+/// Appends the `(start, count)` spans of `src` to `out`.
+fn gather<T: PrimitiveTensorElementType + Copy>(
+    src: &DynValue,
+    spans: &[(usize, usize)],
+    out: &mut Vec<T>,
+) -> Result<(), EngineError> {
+    let (_, data) = src.try_extract_tensor::<T>()?;
+    for &(at, n) in spans {
+        out.extend_from_slice(&data[at..at + n]);
+    }
+    Ok(())
+}
+
+/// Writes `(from, to, len)` element spans of `src` into `dst`.
+fn scatter<T: PrimitiveTensorElementType + Copy>(
+    src: &[T],
+    dst: &mut DynValue,
+    spans: impl Iterator<Item = (usize, usize, usize)>,
+) -> Result<(), EngineError> {
+    let (_, data) = dst.try_extract_tensor_mut::<T>()?;
+    for (from, to, n) in spans {
+        data[to..to + n].copy_from_slice(&src[from..from + n]);
+    }
+    Ok(())
 }
 
 /// Loads the package's backbone with the runtime found by [`crate::runtime`].

@@ -18,6 +18,7 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::prefix::PrefixCache;
 use super::{
     BatchBackbone, CancelToken, Candidates, Engine, EngineError, Generation, GenerationParams,
     Sequence, SequenceLimits, StopReason,
@@ -30,6 +31,10 @@ pub const DEFAULT_MAX_BATCH: usize = 4;
 /// Prompt tokens prefilled per scheduler turn while other sequences are decoding: one chunk,
 /// then one decode step for the running batch, so their codes keep coming during a prefill.
 pub const DEFAULT_PREFILL_CHUNK: usize = 64;
+
+/// KV rows of voice prefixes the scheduler keeps, in MiB (`--prefix-cache-mib`): about 24 KiB
+/// a token for the NeuTTS-air shape, so a voice whose transcript is 160 tokens takes 4 MiB.
+pub const DEFAULT_PREFIX_CACHE_MIB: usize = 64;
 
 /// How the scheduler runs its batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -44,6 +49,14 @@ pub struct SchedulerOptions {
     /// one request at a time.
     #[serde(default)]
     pub batch_invariant: bool,
+    /// Bound of the voice-prefix cache ([`super::prefix`]) in MiB; 0 turns it off. It is off
+    /// batch-invariant too: reused rows move the prefill's chunks.
+    #[serde(default = "default_prefix_cache_mib")]
+    pub prefix_cache_mib: usize,
+}
+
+fn default_prefix_cache_mib() -> usize {
+    DEFAULT_PREFIX_CACHE_MIB
 }
 
 impl Default for SchedulerOptions {
@@ -52,6 +65,7 @@ impl Default for SchedulerOptions {
             max_batch: DEFAULT_MAX_BATCH,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             batch_invariant: false,
+            prefix_cache_mib: DEFAULT_PREFIX_CACHE_MIB,
         }
     }
 }
@@ -63,6 +77,8 @@ enum JobEvent {
 
 struct Job {
     prompt: Vec<u32>,
+    /// Leading prompt tokens that every request of its voice shares (the cache may give them).
+    shared: usize,
     params: GenerationParams,
     /// The request's token (client gone, deadline, shutdown).
     cancel: CancelToken,
@@ -106,6 +122,8 @@ pub struct SchedulerStats {
     pub peak_batch: AtomicUsize,
     /// Throwaway rows that padded lone sequences' steps (`--batch-invariant`).
     pub pad_rows: AtomicU64,
+    /// Prompt tokens whose KV came from the voice-prefix cache instead of a prefill.
+    pub cached_tokens: AtomicU64,
 }
 
 /// The handle to the thread that owns the engine.
@@ -143,11 +161,17 @@ impl Scheduler {
                     jobs: rx,
                 };
                 if max_batch > 1 {
+                    let cache_bytes = if opts.batch_invariant {
+                        0
+                    } else {
+                        opts.prefix_cache_mib.saturating_mul(1 << 20)
+                    };
                     lane.batched(
                         engine.as_mut(),
                         max_batch,
                         opts.prefill_chunk.max(1),
                         opts.batch_invariant,
+                        PrefixCache::new(cache_bytes),
                     );
                 } else {
                     lane.one_at_a_time(engine.as_mut());
@@ -193,6 +217,19 @@ impl Scheduler {
         self.submit(prompt, params, cancel)?.wait(on_code)
     }
 
+    /// [`Scheduler::generate`] for a prompt whose first `shared` tokens are the same for every
+    /// request of its voice: their KV may come from the voice-prefix cache, and is kept there.
+    pub fn generate_shared(
+        &self,
+        prompt: &[u32],
+        shared: usize,
+        params: &GenerationParams,
+        cancel: &CancelToken,
+        on_code: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<Generation, EngineError> {
+        self.queue(prompt, shared, params, cancel)?.wait(on_code)
+    }
+
     /// Queues a generation behind those already queued; [`Pending::wait`] follows it.
     pub fn submit(
         &self,
@@ -200,10 +237,21 @@ impl Scheduler {
         params: &GenerationParams,
         cancel: &CancelToken,
     ) -> Result<Pending, EngineError> {
+        self.queue(prompt, 0, params, cancel)
+    }
+
+    fn queue(
+        &self,
+        prompt: &[u32],
+        shared: usize,
+        params: &GenerationParams,
+        cancel: &CancelToken,
+    ) -> Result<Pending, EngineError> {
         let (events, rx) = mpsc::channel();
         let stop = CancelToken::new();
         let job = Job {
             prompt: prompt.to_vec(),
+            shared: shared.min(prompt.len()),
             params: params.clone(),
             cancel: cancel.clone(),
             stop: stop.clone(),
@@ -323,6 +371,7 @@ impl Lane {
                     prefill: Duration::ZERO,
                     decode: Duration::ZERO,
                     npu_commands: None,
+                    cached_tokens: 0,
                 }));
                 false
             } else {
@@ -365,6 +414,7 @@ impl Lane {
         max_batch: usize,
         chunk: usize,
         invariant: bool,
+        cache: PrefixCache,
     ) {
         let Some(backbone) = engine.backbone() else {
             return self.one_at_a_time(engine);
@@ -385,6 +435,7 @@ impl Lane {
             running: Vec::with_capacity(max_batch),
             prefill: None,
             invariant,
+            cache,
         };
         loop {
             let idle = batch.running.is_empty() && batch.prefill.is_none();
@@ -418,7 +469,11 @@ impl Lane {
         let started = Sequence::new(&self.candidates, &job.prompt, &job.params, limits)
             .and_then(|seq| batch.backbone.open(slot).map(|()| seq));
         match started {
-            Ok(seq) => batch.prefill = Some(Prefill { job, seq, done: 0 }),
+            Ok(mut seq) => {
+                let done = batch.reuse(slot, &job);
+                seq.cached(done);
+                batch.prefill = Some(Prefill { job, seq, done });
+            }
             Err(e) => job.done(Err(e)),
         }
     }
@@ -456,9 +511,50 @@ struct Batch<'b> {
     prefill: Option<Prefill>,
     /// Lone sequences' steps are padded to two rows.
     invariant: bool,
+    cache: PrefixCache,
 }
 
 impl Batch<'_> {
+    /// Starts the job's sequence, just opened in `slot`, with the cached KV rows of the longest
+    /// beginning of its voice prefix the cache holds; returns how many prompt tokens they cover.
+    /// At least two tokens are left to prefill: a one-row run rounds differently.
+    fn reuse(&mut self, slot: usize, job: &Job) -> usize {
+        let usable = job.shared.min(job.prompt.len().saturating_sub(2));
+        if !self.cache.enabled() || usable == 0 {
+            return 0;
+        }
+        let Some((n, rows)) = self.cache.find(&job.prompt[..usable]) else {
+            return 0;
+        };
+        match self.backbone.load_rows(slot, rows, n) {
+            Ok(()) => {
+                self.count
+                    .0
+                    .cached_tokens
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                n
+            }
+            Err(e) => {
+                // The slot is still open and empty: the prompt is prefilled whole.
+                tracing::warn!("cannot reuse {n} cached prompt tokens: {e}");
+                0
+            }
+        }
+    }
+
+    /// Keeps the voice prefix of the prompt just prefilled in `slot`, unless the cache holds it.
+    fn remember(&mut self, slot: usize, job: &Job) {
+        let prefix = &job.prompt[..job.shared];
+        if !self.cache.enabled() || prefix.is_empty() || self.cache.holds(prefix) {
+            return;
+        }
+        match self.backbone.save_rows(slot, prefix.len()) {
+            Some(Ok(rows)) => self.cache.insert(prefix, rows),
+            Some(Err(e)) => tracing::warn!("cannot keep the voice prefix's KV rows: {e}"),
+            None => {}
+        }
+    }
+
     /// Runs up to `take` more prompt tokens of the prefill; when its prompt is in, its first code
     /// is sampled and it joins the running batch (or ends there).
     fn prefill_some(&mut self, take: usize) {
@@ -491,6 +587,8 @@ impl Batch<'_> {
             return;
         }
         let advanced = p.seq.advance(logits, &p.job.cancel, &mut p.job.on_code());
+        // The slot holds the whole prompt until the next sequence opens one.
+        self.remember(slot, &p.job);
         match advanced {
             Ok(Some(next)) => {
                 self.running.push(Running {

@@ -62,6 +62,7 @@ impl Sequence {
                 prefill: Duration::ZERO,
                 decode: Duration::ZERO,
                 npu_commands: None,
+                cached_tokens: 0,
             },
             sampler,
             candidates: candidates.clone(),
@@ -114,6 +115,11 @@ impl Sequence {
     /// The codes so far.
     pub fn codes(&self) -> &[u32] {
         &self.out.codes
+    }
+
+    /// Its first `n` prompt tokens' KV came from the voice-prefix cache.
+    pub fn cached(&mut self, n: usize) {
+        self.out.cached_tokens = n;
     }
 
     /// Ends the sequence as cancelled, with what it made so far.

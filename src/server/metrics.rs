@@ -359,6 +359,12 @@ impl Metrics {
                 "Throwaway rows that padded a lone sequence's decode step (--batch-invariant).",
                 sched.pad_rows.load(Ordering::Relaxed) as f64,
             ),
+            (
+                "onebit_prompt_cached_tokens_total",
+                "counter",
+                "Prompt tokens whose KV came from the voice-prefix cache instead of a prefill (--prefix-cache-mib).",
+                sched.cached_tokens.load(Ordering::Relaxed) as f64,
+            ),
         ];
         for (name, ty, help, v) in lines.into_iter().chain(batch) {
             s.push_str(&format!(

@@ -179,6 +179,8 @@ pub enum SynthEvent<'a> {
 pub struct SynthesisReport {
     pub codes: Vec<u32>,
     pub prompt_tokens: usize,
+    /// Of those, tokens whose KV came from the voice-prefix cache (not prefilled).
+    pub cached_tokens: usize,
     pub seed: u64,
     /// Why the request ended: cancelled; else `Length` when any piece stopped at its limit
     /// (text budget, context or max_new_tokens) or pieces were left out; else the last stop id.
@@ -233,6 +235,7 @@ impl SynthesisReport {
             self.audio_seconds(),
             &self.timings,
         );
+        n.set_cached(self.cached_tokens, &self.timings);
         n.npu_commands = self.npu_commands;
         n
     }

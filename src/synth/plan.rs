@@ -281,6 +281,8 @@ pub struct Piece {
     /// The text in the model's input format (phonemes or normalised BPE text).
     pub prepared: String,
     pub ids: Vec<u32>,
+    /// Leading ids the same for every request of the voice ([`prompt::build_shared`]).
+    pub voice_prefix: usize,
     /// Codes this piece is expected to need, from the voice's speaking rate.
     pub estimated_codes: usize,
     /// Codes this piece may make at most, from its text ([`code_budget`]).
@@ -550,7 +552,7 @@ impl FrontEnd {
             ((prepared.chars().count() as f64 * rate * 1.3).ceil() as usize).max(min_new)
         };
         let build = |prepared: &str| {
-            prompt::build(
+            prompt::build_shared(
                 &self.pkg.tokenizer,
                 &self.pkg.vocab,
                 &PromptInput {
@@ -563,9 +565,11 @@ impl FrontEnd {
             )
         };
         let piece = |text: String, prepared: String| -> Result<Piece, SynthError> {
+            let (ids, voice_prefix) = build(&prepared)?;
             Ok(Piece {
                 text: written(&text, &run.ipa),
-                ids: build(&prepared)?,
+                ids,
+                voice_prefix,
                 estimated_codes: estimate(&prepared),
                 max_codes: code_budget(&prepared),
                 prepared,
@@ -586,7 +590,7 @@ impl FrontEnd {
 
         // Units small enough to fit alone, each with its prepared text.
         let fits = |prepared: &str| -> Result<(bool, usize), SynthError> {
-            let n = build(prepared)?.len() + estimate(prepared);
+            let n = build(prepared)?.0.len() + estimate(prepared);
             Ok((n <= budget, n))
         };
         // A unit with no letter or digit (only emoji or symbols) has nothing to speak: it is

@@ -55,6 +55,7 @@ impl Synthesizer {
         let mut out = SynthesisReport {
             codes: Vec::new(),
             prompt_tokens: 0,
+            cached_tokens: 0,
             seed: 0,
             stop: StopReason::Length,
             samples: 0,
@@ -139,10 +140,13 @@ impl Synthesizer {
             // a whole-file request before any byte went out: a stream is never retried. The sink
             // then sees this piece's codes again from its first index.
             let generation = loop {
-                let err = match self
-                    .scheduler
-                    .generate(&piece.ids, &params, cancel, &mut on_code)
-                {
+                let err = match self.scheduler.generate_shared(
+                    &piece.ids,
+                    piece.voice_prefix,
+                    &params,
+                    cancel,
+                    &mut on_code,
+                ) {
                     Ok(g) => break g,
                     Err(e) => e,
                 };
@@ -169,6 +173,7 @@ impl Synthesizer {
             out.timings.prefill += generation.prefill;
             out.timings.decode += generation.decode;
             out.prompt_tokens += generation.prompt_tokens;
+            out.cached_tokens += generation.cached_tokens;
             if i == 0 {
                 out.seed = generation.seed;
             }

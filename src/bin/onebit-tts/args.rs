@@ -126,6 +126,13 @@ pub struct ModelArgs {
     /// --engine ort with a shared KV buffer, else requests run one at a time.
     #[arg(long, env = "ONEBIT_BATCH_INVARIANT")]
     pub batch_invariant: bool,
+    /// MiB of KV rows kept for voice prefixes (the instruction and the voice's transcript, which
+    /// every request of a voice begins with): a request of a voice seen before prefills only
+    /// its text and the reference codes. 0 turns it off; off with --batch-invariant. About 24
+    /// KiB per token on the NeuTTS-air shape (docs/performance.md measures it).
+    #[arg(long, env = "ONEBIT_PREFIX_CACHE_MIB", value_name = "MIB",
+          default_value_t = onebit_tts::engine::scheduler::DEFAULT_PREFIX_CACHE_MIB)]
+    pub prefix_cache_mib: usize,
     /// Intra-op threads of the NeuCodec decoder sessions, when they should differ from the
     /// backbone's --threads (docs/performance.md measures splits).
     #[arg(long, env = "ONEBIT_CODEC_THREADS", value_name = "N",
@@ -299,6 +306,7 @@ pub fn synth_config(m: &ModelArgs) -> SynthConfig {
             max_batch: m.max_batch,
             prefill_chunk: m.prefill_chunk,
             batch_invariant: m.batch_invariant,
+            prefix_cache_mib: m.prefix_cache_mib,
         },
     }
 }

@@ -201,6 +201,8 @@ impl Summary {
             prefill: Duration::from_micros(self.prefill_us),
             decode: Duration::from_micros(self.decode_us),
             npu_commands: self.npu_commands,
+            // The worker runs one request at a time, with no prefix cache.
+            cached_tokens: 0,
         }
     }
 }
