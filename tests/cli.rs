@@ -526,7 +526,7 @@ fn bench_peers_run_the_vendors_streaming_pipeline_after_ours() {
         "scripts/setup.sh makes {}",
         python.display()
     );
-    let plan = work.join("plan.json");
+    let plan_path = work.join("plan.json");
     let stub = home.join("neutts-peer/venv/bin/python");
     std::fs::write(
         &stub,
@@ -538,14 +538,16 @@ import json, sys
 plan = json.load(open(sys.argv[1]))
 s = lambda m: {{"median": m, "min": m - 1, "max": m + 1}}
 for c in plan["cases"]:
-    print(json.dumps({{"case": c["case"], "text": c["text"], "prompt_tokens": 7, "codes": c["max_codes"],
+    voice = 30 if plan["prompt_cache"] == "voice" else 0
+    print(json.dumps({{"case": c["case"], "text": c["text"], "prompt_tokens": 7, "voice_tokens": voice,
+        "codes": c["max_codes"],
         "first_audio_ms": s(100.0), "rtf": s(2.0), "stall_ms": s(0.0), "first_code_ms": s(50.0),
         "codec_ms": s(10.0), "last_codes": list(range(c["max_codes"])),
         "settings": {{"neutts": "stand-in", "llama_cpp_python": "none"}}}}))
 PY
 "#,
             py = python.display(),
-            plan = plan.display()
+            plan = plan_path.display()
         ),
     )
     .unwrap();
@@ -593,31 +595,35 @@ PY
     assert!(block[3].starts_with("case    voice"), "{out}");
     // Our prompts on models/tiny are 151 / 220 / 323 tokens; the stand-in says 7, and its codes
     // 0, 1, 2, ... equal ours from the start as far as ours count up from 0 (greedy: compared).
+    // Each of its runs started with 30 tokens of the voice in context (the voice-prefix cache is
+    // on in ours: `--prompt-cache voice`); ours found them cached from the second request on.
     // (The cells; the unit test checks the columns' layout.)
     let mut agreed = Vec::new();
-    for (row, (case, ours)) in
-        block[4..]
-            .iter()
-            .zip([("short", 151), ("medium", 220), ("long", 323)])
-    {
+    for (row, (case, ours, cached)) in block[4..].iter().zip([
+        ("short", 151, "30 (ours 0)"),
+        ("medium", 220, "30"),
+        ("long", 323, "30"),
+    ]) {
+        let head = format!("{case} test 7 (ours {ours}) {cached} 120");
         let cells: Vec<&str> = row.split_whitespace().collect();
-        let (head, tail) = (cells[..6].join(" "), cells[7..].join(" "));
-        assert_eq!(head, format!("{case} test 7 (ours {ours}) 120"), "{out}");
+        let at = head.split_whitespace().count();
+        let tail = cells[at + 1..].join(" ");
+        assert_eq!(cells[..at].join(" "), head, "{out}");
         assert!(
             tail.starts_with("100 [99–101] 2.000 [1.000–3.000] 0 [-1–1] 50 [49–51] 10 [9–11] "),
             "{out}"
         );
-        let n = cells[6]
+        let n = cells[at]
             .strip_suffix("/120")
             .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("codes = ours cell {:?}: {out}", cells[6]));
+            .unwrap_or_else(|| panic!("codes = ours cell {:?}: {out}", cells[at]));
         assert!(n <= 120, "{out}");
         agreed.push(n);
     }
     assert_eq!(block.len(), 7, "{out}");
     // What the real script read from the bench's command line.
     let plan: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
     assert_eq!(plan["gguf"], gguf_arg);
     assert_eq!(plan["codec"], "models/tiny/codec/model.onnx");
     assert!(
@@ -632,6 +638,7 @@ PY
     assert_eq!(plan["threads"], 1);
     assert_eq!((&plan["warmup"], &plan["runs"]), (&1.into(), &1.into()));
     assert_eq!(plan["temperature"], 0.0);
+    assert_eq!(plan["prompt_cache"], "voice");
     let cases: Vec<(&str, u64)> = plan["cases"]
         .as_array()
         .unwrap()
@@ -670,6 +677,21 @@ PY
         serde_json::json!({"median": 100.0, "min": 99.0, "max": 101.0})
     );
     assert!(v["vendor_note"].is_null());
+
+    // Without our cache, the vendor's runs start from an empty context too, and neither side
+    // reused a token.
+    let mut cold = json.clone();
+    cold.extend(["--prefix-cache-mib", "0"]);
+    let o = common::cli_with(&cold, &home_env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
+    assert_eq!(plan["prompt_cache"], "none");
+    for i in 0..3 {
+        assert_eq!(v["vendor"]["cases"][i]["cached_tokens"], 0, "{v}");
+        assert_eq!(v["cases"][i]["cached_tokens"]["median"], 0.0, "{v}");
+    }
 
     // No GGUF: our runs and a note on how to add it.
     let o = common::cli_with(&base[..base.len() - 2], &home_env);

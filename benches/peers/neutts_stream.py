@@ -59,6 +59,14 @@ directly. The streaming code itself (prompt, 25-code chunks with 5 of look-ahead
   settings.speech_tokens_rendered.
 - Observation only: the codec object is wrapped to time its decode_code calls, and the backbone
   wrapper notes when the first token streams out (perf_counter reads; no change to the path).
+- The prompt's KV between runs (--prompt-cache): the vendor resets the llama context before every
+  call ("a full re-prefill keeps repeated calls bit-identical": llama-cpp-python would otherwise
+  reuse the longest prefix the prompt shares with the previous call), so each run prefills its
+  whole prompt ("none", the default: its own behaviour). "voice" gives each run the voice's part
+  of the prompt, as onebit-tts's voice-prefix cache does: the context is reset and the prompt's
+  tokens before the text (the longest prefix it shares with the same voice's prompts for two
+  other texts) are evaluated unmeasured before the run, and the vendor's reset inside the run is
+  skipped, so llama-cpp-python's prefix match starts the run after them.
 - Sampling: --temperature 0 (default) is greedy through the vendor's own `temperature` argument
   (llama-cpp-python's greedy sampler); --temperature 1 --top-k 50 is the vendor's default
   (seeded with --seed through the vendor's constructor).
@@ -179,6 +187,12 @@ class CappedBackbone:
         self._procs = LogitsProcessorList([speech_only])
         self.code_list = []
         self.first_item_at = None
+        self.keep_context = False
+
+    def reset(self):
+        # --prompt-cache voice: the context holds the voice's part, evaluated before the run.
+        if not self.keep_context:
+            self._llm.reset()
 
     def __getattr__(self, name):
         return getattr(self._llm, name)
@@ -276,6 +290,8 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; the vendor's default is 1.0")
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-cache", choices=("none", "voice"), default="none",
+                    help="what each run finds in the context (see the docstring)")
     ap.add_argument("--dry-run", action="store_true", help="check the arguments, print the plan, load nothing")
     args = ap.parse_args()
 
@@ -294,7 +310,7 @@ def main():
         plan = {"dry_run": True, "gguf": args.gguf, "codec": args.codec, "voice": args.voice,
                 "reference_codes": len(ref_codes), "language": args.language, "threads": args.threads,
                 "warmup": args.warmup, "runs": args.runs, "temperature": args.temperature,
-                "top_k": args.top_k, "seed": args.seed,
+                "top_k": args.top_k, "seed": args.seed, "prompt_cache": args.prompt_cache,
                 "cases": [{"case": c, "text": texts[c], "max_codes": caps[c]} for c in cases]}
         print(json.dumps(plan))
         return
@@ -344,6 +360,7 @@ def main():
                   tts.streaming_lookback, tts.streaming_overlap_frames],
         "watermark": tts.watermarker is not None, "stubbed": stubbed,
         "warmup": args.warmup, "runs": args.runs, "load_s": round(load_s, 3),
+        "prompt_cache": args.prompt_cache,
         "cpus": os.cpu_count(),
         "system_info": llama_cpp.llama_print_system_info().decode().strip(),
     }
@@ -355,11 +372,26 @@ def main():
         with contextlib.redirect_stdout(sys.stderr):
             prompt = tts._ggml_prompt(ref_codes, ref_text, text, None)
         prompt_tokens = len(llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True))
+        # As llama-cpp-python's create_completion tokenizes a prompt.
+        tokens = llm.tokenize(prompt.encode("utf-8"), special=True)
+        voice_part = tokens
+        for other in ("A.", "Zz."):
+            with contextlib.redirect_stdout(sys.stderr):
+                o = llm.tokenize(tts._ggml_prompt(ref_codes, ref_text, other, None).encode("utf-8"),
+                                 special=True)
+            n = 0
+            while n < min(len(voice_part), len(o)) and voice_part[n] == o[n]:
+                n += 1
+            voice_part = voice_part[:n]
         load_before = os.getloadavg()
         runs = []
         for r in range(args.warmup + args.runs):
             arrivals = []
             tts.codec.reset()
+            tts.backbone.keep_context = args.prompt_cache == "voice" and bool(voice_part)
+            if tts.backbone.keep_context:
+                llm.reset()
+                llm.eval(voice_part)
             with contextlib.redirect_stdout(sys.stderr):
                 t0 = time.perf_counter()
                 for chunk in tts.infer_stream(text, ref_codes, ref_text, temperature=args.temperature,
@@ -385,7 +417,9 @@ def main():
                          "chunks": len(arrivals),
                          "chunk_ms": [round(t * 1000, 1) for t, _ in arrivals],
                          "chunk_samples": [n for _, n in arrivals]})
-        line = {"case": case, "text": text, "prompt_tokens": prompt_tokens, "max_codes": caps[case],
+        line = {"case": case, "text": text, "prompt_tokens": prompt_tokens,
+                "voice_tokens": len(voice_part) if args.prompt_cache == "voice" else 0,
+                "max_codes": caps[case],
                 "codes": runs[-1]["codes"], "last_codes": runs[-1]["code_list"],
                 "chunks": runs[-1]["chunks"],
                 "load_before": [round(x, 2) for x in load_before],

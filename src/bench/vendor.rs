@@ -29,6 +29,8 @@ pub struct VendorCase {
     pub voice: String,
     /// Its own prompt's length: it phonemizes with its own espeak-ng, so it may differ from ours.
     pub prompt_tokens: usize,
+    /// Of those, the voice's part that each run found in its context (0: an empty context).
+    pub cached_tokens: usize,
     /// The codes its last run made (it was asked for ours' median).
     pub codes: usize,
     pub first_audio_ms: Spread,
@@ -61,6 +63,8 @@ pub struct VendorReport {
     pub temperature: f32,
     pub warmup: usize,
     pub runs: usize,
+    /// [`VendorOptions::voice_cache`].
+    pub voice_cache: bool,
     pub cases: Vec<VendorCase>,
 }
 
@@ -71,6 +75,10 @@ pub struct VendorOptions {
     pub temperature: f32,
     /// Its backbone's decode threads; `None`: as many as our backbone's tuned default.
     pub threads: Option<usize>,
+    /// Each of its runs starts with the voice's part of the prompt in its context, as ours do
+    /// with the voice-prefix cache on; else from the empty context the vendor's own reset
+    /// leaves before every call (the script's `--prompt-cache voice|none`).
+    pub voice_cache: bool,
 }
 
 /// One run of the script: a voice's cases.
@@ -83,6 +91,7 @@ struct Request<'a> {
     warmup: usize,
     runs: usize,
     temperature: f32,
+    voice_cache: bool,
     /// (case, codes) in the order they run.
     cases: Vec<(&'a str, usize)>,
 }
@@ -105,6 +114,8 @@ impl Request<'_> {
         opt("--warmup", self.warmup.to_string().into());
         opt("--runs", self.runs.to_string().into());
         opt("--temperature", self.temperature.to_string().into());
+        let cache = if self.voice_cache { "voice" } else { "none" };
+        opt("--prompt-cache", cache.into());
         opt("--cases", names.join(",").into());
         opt("--max-codes", codes.join(",").into());
         a
@@ -117,6 +128,9 @@ struct Line {
     case: String,
     text: String,
     prompt_tokens: usize,
+    /// Absent from scripts older than `--prompt-cache`.
+    #[serde(default)]
+    voice_tokens: usize,
     codes: usize,
     first_audio_ms: Spread,
     rtf: Spread,
@@ -211,6 +225,7 @@ impl VendorPeer {
                 warmup: 1,
                 runs: opts.runs,
                 temperature: opts.temperature,
+                voice_cache: opts.voice_cache,
                 cases: mine
                     .iter()
                     .map(|c| (c.case.as_str(), (c.codes.median.round() as usize).max(1)))
@@ -246,6 +261,7 @@ impl VendorPeer {
             temperature: opts.temperature,
             warmup: 1,
             runs: opts.runs,
+            voice_cache: opts.voice_cache,
             cases,
         })
     }
@@ -265,6 +281,7 @@ impl VendorPeer {
                 case: line.case,
                 voice: m.voice.clone(),
                 prompt_tokens: line.prompt_tokens,
+                cached_tokens: line.voice_tokens,
                 codes: line.codes,
                 first_audio_ms: line.first_audio_ms,
                 rtf: line.rtf,
@@ -319,7 +336,7 @@ impl VendorReport {
     /// The block `bench` prints after its own table.
     pub fn table(&self, ours: &Report) -> String {
         let mut s = format!(
-            "the vendor's streaming pipeline (peer): {} on {}, {} decode threads\n  GGUF {}, codec {} (its ONNX class)\n  the same texts and voices, as many codes as ours, {}; median [min–max] of {} runs after {} warm-up; x ours: its median / ours; codes = ours: its last run's codes equal to ours from the start (greedy runs)\n",
+            "the vendor's streaming pipeline (peer): {} on {}, {} decode threads\n  GGUF {}, codec {} (its ONNX class)\n  the same texts and voices, as many codes as ours, {}, {}; median [min–max] of {} runs after {} warm-up; x ours: its median / ours; codes = ours: its last run's codes equal to ours from the start (greedy runs)\n",
             self.version,
             self.backbone,
             self.threads,
@@ -329,6 +346,11 @@ impl VendorReport {
                 "greedy".to_owned()
             } else {
                 format!("temperature {}", self.temperature)
+            },
+            if self.voice_cache {
+                "each run starting with the voice's part of its prompt in context (as ours, from the voice-prefix cache)"
+            } else {
+                "each run from an empty context"
             },
             self.runs,
             self.warmup,
@@ -349,6 +371,7 @@ impl VendorReport {
                 "case",
                 "voice",
                 "prompt",
+                "cached",
                 "codes",
                 "codes = ours",
                 "first audio ms",
@@ -371,6 +394,7 @@ impl VendorReport {
                 c.case.clone(),
                 c.voice.clone(),
                 beside(c.prompt_tokens, o.map(|o| o.prompt_tokens.median)),
+                beside(c.cached_tokens, o.map(|o| o.cached_tokens.median)),
                 beside(c.codes, o.map(|o| o.codes.median)),
                 c.codes_as_ours
                     .map_or_else(|| "-".to_owned(), |n| format!("{n}/{}", c.last_codes.len())),
@@ -412,7 +436,7 @@ mod tests {
             voice: "test".into(),
             runs: 3,
             prompt_tokens: stat(prompt),
-            cached_tokens: stat(0.0),
+            cached_tokens: stat(28.0),
             codes: stat(codes),
             codes_per_s: stat(0.0),
             x_real_time: stat(0.0),
@@ -439,7 +463,7 @@ mod tests {
         let spread =
             |m: f64, lo: f64, hi: f64| serde_json::json!({"median": m, "min": lo, "max": hi});
         serde_json::json!({"case": case, "text": text(case), "prompt_tokens": prompt_tokens,
-            "max_codes": codes, "codes": codes, "chunks": 5,
+            "voice_tokens": 28, "max_codes": codes, "codes": codes, "chunks": 5,
             "first_audio_ms": spread(first_audio[0], first_audio[1], first_audio[2]),
             "wall_s": spread(5.0, 4.9, 5.2), "audio_s": spread(2.42, 2.42, 2.42),
             "rtf": spread(2.04, 2.04, 2.2), "stall_ms": spread(1377.0, 1371.0, 1750.0),
@@ -493,6 +517,7 @@ mod tests {
             warmup: 1,
             runs: 3,
             temperature: 0.0,
+            voice_cache: true,
             cases: vec![("short", 120), ("medium", 97)],
         };
         let cases = peer(&ok).run_voice(&req, &mine).unwrap();
@@ -500,7 +525,7 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(&args_file).unwrap(),
             "--gguf\nm.gguf\n--codec\ncodec/model.onnx\n--voice\nvoices/test.json\n--language\nen-us\n\
-             --threads\n2\n--warmup\n1\n--runs\n3\n--temperature\n0\n--cases\nshort,medium\n\
+             --threads\n2\n--warmup\n1\n--runs\n3\n--temperature\n0\n--prompt-cache\nvoice\n--cases\nshort,medium\n\
              --max-codes\nshort=120,medium=97\n"
         );
         assert_eq!(cases.len(), 2);
@@ -532,6 +557,7 @@ mod tests {
             temperature: 0.0,
             warmup: 1,
             runs: 3,
+            voice_cache: true,
             cases,
         };
         let ours_report = Report {
@@ -559,20 +585,20 @@ mod tests {
             "  GGUF m.gguf, codec codec/model.onnx (its ONNX class)"
         );
         assert!(
-            lines[2].contains("greedy; median [min–max] of 3 runs after 1 warm-up"),
+            lines[2].contains("greedy, each run starting with the voice's part of its prompt in context (as ours, from the voice-prefix cache); median [min–max] of 3 runs after 1 warm-up"),
             "{table}"
         );
         assert_eq!(
             lines[3],
-            "case    voice          prompt  codes  codes = ours    first audio ms                  RTF          stall ms     first code ms       codec ms  first audio x ours  RTF x ours"
+            "case    voice          prompt  cached  codes  codes = ours    first audio ms                  RTF          stall ms     first code ms       codec ms  first audio x ours  RTF x ours"
         );
         assert_eq!(
             lines[4],
-            "short   test   150 (ours 147)    120         3/120  1569 [1561–1585]  2.040 [2.040–2.200]  1377 [1371–1750]  1100 [1090–1200]  760 [700–800]                1.18        1.26"
+            "short   test   150 (ours 147)      28    120         3/120  1569 [1561–1585]  2.040 [2.040–2.200]  1377 [1371–1750]  1100 [1090–1200]  760 [700–800]                1.18        1.26"
         );
         assert_eq!(
             lines[5],
-            "medium  test              201     97             -  2219 [2010–2314]  2.040 [2.040–2.200]  1377 [1371–1750]  1100 [1090–1200]  760 [700–800]                1.49        1.30"
+            "medium  test              201      28     97             -  2219 [2010–2314]  2.040 [2.040–2.200]  1377 [1371–1750]  1100 [1090–1200]  760 [700–800]                1.49        1.30"
         );
         assert_eq!(lines.len(), 6, "{table}");
 

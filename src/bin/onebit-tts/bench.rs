@@ -172,6 +172,7 @@ pub fn bench(model: &ModelArgs, args: &BenchArgs, quiet: bool) -> Result<()> {
                 runs: args.runs,
                 temperature: args.temperature,
                 threads: model.threads,
+                voice_cache: model.prefix_cache_mib > 0 && !model.batch_invariant,
             };
             report.vendor = Some(peer.run(&synth, &report, opts, &mut progress)?);
         }
