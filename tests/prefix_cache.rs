@@ -1,6 +1,7 @@
-//! The voice-prefix cache: a prompt whose instruction and transcript KV rows come from an earlier
-//! prompt of the same voice gets, bit for bit, the logits and the audio of a whole prefill, and
-//! only those voice-only tokens are ever reused.
+//! A prompt's rows computed in another run than one whole prefill: the voice-prefix cache (a
+//! prompt whose instruction and transcript KV rows come from an earlier prompt of the same voice
+//! gets, bit for bit, the logits and the audio of a whole prefill, and only those voice-only
+//! tokens are ever reused) and the CPU's prefill in runs of 256 (the logits of one run).
 
 mod common;
 
@@ -189,5 +190,47 @@ fn a_voice_seen_before_prefills_only_its_text_and_sounds_the_same() {
         let (alone, none, _) = speak(&off, text);
         assert_eq!(none, 0, "--prefix-cache-mib 0 caches nothing");
         assert!(alone == *bytes, "{text:?}: other audio with the cache");
+    }
+}
+
+#[test]
+fn a_prompt_prefilled_in_runs_gets_the_logits_of_one_run() {
+    for dir in packages() {
+        let pkg = ModelPackage::load(&dir, None).unwrap();
+        let env = onebit_tts::runtime::environment(None).unwrap();
+        let load = |run: usize| {
+            let opts = onebit_tts::engine::OrtOptions {
+                kv_mode: Some(KvMode::Shared),
+                prefill_chunk: Some(run),
+                ..Default::default()
+            };
+            onebit_tts::engine::OrtBackbone::load(env, &pkg, &opts).unwrap()
+        };
+        let prompt = &common::speech_prompts(&pkg, &[(700, 11)])[0];
+        let feed: Vec<u32> = (0..4).map(|t| pkg.vocab.code_to_id(t * 313)).collect();
+        let mut want = Vec::new();
+        for run in [0, onebit_tts::engine::ort_engine::CPU_PREFILL_RUN, 100] {
+            let mut b = load(run);
+            b.open(0).unwrap();
+            let mut got = vec![b.extend(0, prompt, &[]).unwrap().to_vec()];
+            for &t in &feed {
+                got.push(b.step(&[t]).unwrap().to_vec());
+            }
+            if run == 0 {
+                want = got;
+            } else {
+                assert!(
+                    got == want,
+                    "{}: runs of {run} gave other logits than one run of {}",
+                    dir.display(),
+                    prompt.len()
+                );
+            }
+        }
+        eprintln!(
+            "{}: {} prompt tokens, one run = runs of 256 = runs of 100",
+            dir.display(),
+            prompt.len()
+        );
     }
 }

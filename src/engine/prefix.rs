@@ -129,7 +129,7 @@ mod tests {
 
     #[test]
     fn finds_the_longest_shared_beginning_and_evicts_the_least_recent() {
-        let mut c = PrefixCache::new(100);
+        let mut c = PrefixCache::new(90);
         c.insert(&[1, 2, 3, 4], rows(4, 10));
         c.insert(&[1, 2, 9], rows(3, 10));
         assert_eq!(c.held(), 70);

@@ -126,6 +126,11 @@ pub struct ModelArgs {
     /// --engine ort with a shared KV buffer, else requests run one at a time.
     #[arg(long, env = "ONEBIT_BATCH_INVARIANT")]
     pub batch_invariant: bool,
+    /// Most prompt tokens one backbone run takes when a prompt is prefilled alone (--engine ort);
+    /// 0: the whole prompt in one run. Default: 256 on the CPU (measured faster than one run of
+    /// 512-2048 tokens, the same logits), one run elsewhere.
+    #[arg(long, env = "ONEBIT_PREFILL_RUN", value_name = "TOKENS")]
+    pub prefill_run: Option<usize>,
     /// MiB of KV rows kept for voice prefixes (the instruction and the voice's transcript, which
     /// every request of a voice begins with): a request of a voice seen before prefills only
     /// its text and the reference codes. 0 turns it off; off with --batch-invariant. About 24
@@ -276,7 +281,7 @@ pub fn synth_config(m: &ModelArgs) -> SynthConfig {
             spin: m.spin,
             kv_mode: m.kv,
             kv_capacity: None,
-            prefill_chunk: None,
+            prefill_chunk: m.prefill_run,
             device: Default::default(),
             npu_strict: m.npu_strict,
         },
