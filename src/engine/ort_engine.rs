@@ -1279,7 +1279,9 @@ impl BatchBackbone for OrtBackbone {
                     )),
                 }
             });
-        self.failed(result)?;
+        // Only this slot's positions were written: the running sequences are untouched, and
+        // the slot stays open and empty on a failure.
+        result?;
         self.lens[slot] = len;
         Ok(())
     }

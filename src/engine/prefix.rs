@@ -5,7 +5,7 @@
 //! causality their keys and values, are the same for every request of the voice. The scheduler
 //! keeps them after a prompt is in and copies them into the next prompt's slot that begins with
 //! the same tokens, which then prefills only the rest. The caller says how many leading tokens
-//! are voice-only ([`crate::prompt::voice_prefix_len`]); only those are kept, so a repeated
+//! are voice-only ([`crate::prompt::build_shared`]); only those are kept, so a repeated
 //! request costs what any new text of the voice costs.
 //!
 //! Exact where the backbone's kernels compute each prompt row the same whatever the number of

@@ -551,21 +551,25 @@ impl FrontEnd {
         let estimate = |prepared: &str| {
             ((prepared.chars().count() as f64 * rate * 1.3).ceil() as usize).max(min_new)
         };
-        let build = |prepared: &str| {
-            prompt::build_shared(
-                &self.pkg.tokenizer,
-                &self.pkg.vocab,
-                &PromptInput {
-                    format,
-                    ref_text,
-                    text: prepared,
-                    ref_codes: &voice.codes,
-                    emotion: req.emotion.as_deref(),
-                },
-            )
+        // The ids, and with `voice_part` how many are the voice's alone (that count tokenizes
+        // the transcript once more, so a length check goes without it).
+        let build = |prepared: &str, voice_part: bool| {
+            let input = PromptInput {
+                format,
+                ref_text,
+                text: prepared,
+                ref_codes: &voice.codes,
+                emotion: req.emotion.as_deref(),
+            };
+            let (tok, vocab) = (&self.pkg.tokenizer, &self.pkg.vocab);
+            if voice_part {
+                prompt::build_shared(tok, vocab, &input)
+            } else {
+                prompt::build(tok, vocab, &input).map(|ids| (ids, 0))
+            }
         };
         let piece = |text: String, prepared: String| -> Result<Piece, SynthError> {
-            let (ids, voice_prefix) = build(&prepared)?;
+            let (ids, voice_prefix) = build(&prepared, true)?;
             Ok(Piece {
                 text: written(&text, &run.ipa),
                 ids,
@@ -590,7 +594,7 @@ impl FrontEnd {
 
         // Units small enough to fit alone, each with its prepared text.
         let fits = |prepared: &str| -> Result<(bool, usize), SynthError> {
-            let n = build(prepared)?.0.len() + estimate(prepared);
+            let n = build(prepared, false)?.0.len() + estimate(prepared);
             Ok((n <= budget, n))
         };
         // A unit with no letter or digit (only emoji or symbols) has nothing to speak: it is
