@@ -18,7 +18,7 @@ use onebit_tts::engine::{
 };
 use onebit_tts::package::ModelPackage;
 use onebit_tts::runtime::TurnsMode;
-use onebit_tts::synth::{SpeechRequest, SynthConfig, SynthEvent, Synthesizer};
+use onebit_tts::synth::{SpeechRequest, SynthConfig, Synthesizer};
 
 fn sampled(seed: u64, max_new: usize) -> GenerationParams {
     GenerationParams {
@@ -326,21 +326,7 @@ fn request(
 }
 
 fn bytes_of(s: &Synthesizer, req: &SpeechRequest) -> Vec<u8> {
-    let mut out = Vec::new();
-    let report = s
-        .synthesize(req, &CancelToken::new(), &mut |ev| {
-            match ev {
-                SynthEvent::Audio(b) => out.extend_from_slice(b),
-                SynthEvent::Patch { offset, bytes } => {
-                    onebit_tts::audio::apply_patch(&mut out, offset, bytes).unwrap()
-                }
-                _ => {}
-            }
-            ControlFlow::Continue(())
-        })
-        .unwrap();
-    assert!(report.codes.len() > 20);
-    out
+    common::synthesize_bytes(s, req).0
 }
 
 #[test]

@@ -5,13 +5,11 @@
 
 mod common;
 
-use std::ops::ControlFlow;
-
 use onebit_tts::audio::{AudioFormat, OutputSpec};
-use onebit_tts::engine::{BatchBackbone, CancelToken, KvMode, SchedulerOptions, scheduler};
+use onebit_tts::engine::{BatchBackbone, KvMode, SchedulerOptions, scheduler};
 use onebit_tts::package::ModelPackage;
 use onebit_tts::prompt::{self, PromptInput};
-use onebit_tts::synth::{SpeechRequest, SynthConfig, SynthEvent, Synthesizer};
+use onebit_tts::synth::{SpeechRequest, SynthConfig, Synthesizer};
 
 const TRANSCRIPT: &str = "So I'm live on radio, and I say, well, my dear friend James here.";
 
@@ -151,20 +149,7 @@ fn speak(s: &Synthesizer, text: &str) -> (Vec<u8>, usize, usize) {
         ..SpeechRequest::default()
     };
     req.generation.sampling.temperature = 0.0;
-    let mut out = Vec::new();
-    let report = s
-        .synthesize(&req, &CancelToken::new(), &mut |ev| {
-            match ev {
-                SynthEvent::Audio(b) => out.extend_from_slice(b),
-                SynthEvent::Patch { offset, bytes } => {
-                    onebit_tts::audio::apply_patch(&mut out, offset, bytes).unwrap()
-                }
-                _ => {}
-            }
-            ControlFlow::Continue(())
-        })
-        .unwrap();
-    assert!(report.codes.len() > 20);
+    let (out, report) = common::synthesize_bytes(s, &req);
     (out, report.cached_tokens, report.prompt_tokens)
 }
 

@@ -674,3 +674,27 @@ pub fn sentences(from: usize, count: usize) -> String {
         })
         .collect()
 }
+
+/// A whole request's output bytes through `s` (each `Patch` applied) and its report; the run
+/// must make more than 20 codes.
+pub fn synthesize_bytes(
+    s: &onebit_tts::synth::Synthesizer,
+    req: &onebit_tts::synth::SpeechRequest,
+) -> (Vec<u8>, onebit_tts::synth::SynthesisReport) {
+    use onebit_tts::synth::SynthEvent;
+    let mut out = Vec::new();
+    let report = s
+        .synthesize(req, &onebit_tts::engine::CancelToken::new(), &mut |ev| {
+            match ev {
+                SynthEvent::Audio(b) => out.extend_from_slice(b),
+                SynthEvent::Patch { offset, bytes } => {
+                    onebit_tts::audio::apply_patch(&mut out, offset, bytes).unwrap()
+                }
+                _ => {}
+            }
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert!(report.codes.len() > 20);
+    (out, report)
+}
