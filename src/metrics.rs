@@ -90,10 +90,13 @@ pub struct RunNumbers {
 }
 
 impl RunNumbers {
+    /// `cached_tokens` of the `prompt_tokens` were not prefilled: the prefill rate counts the
+    /// others.
     pub fn new(
         codes: usize,
         finish: &'static str,
         prompt_tokens: usize,
+        cached_tokens: usize,
         audio_s: f64,
         t: &StageTimings,
     ) -> Self {
@@ -103,12 +106,13 @@ impl RunNumbers {
             codes,
             finish,
             prompt_tokens,
-            cached_tokens: 0,
+            cached_tokens,
             audio_s,
             codes_per_s: cps,
             x_real_time: times_real_time(cps),
             rtf: rtf(t.total, audio_s),
-            prefill_tok_per_s: prompt_tokens as f64 / t.prefill.as_secs_f64().max(1e-9),
+            prefill_tok_per_s: prompt_tokens.saturating_sub(cached_tokens) as f64
+                / t.prefill.as_secs_f64().max(1e-9),
             first_audio_ms: t.first_audio.map(ms),
             stall_ms: ms(t.stall),
             front_end_ms: ms(t.front_end),
@@ -119,12 +123,5 @@ impl RunNumbers {
             total_ms: ms(t.total),
             npu_commands: None,
         }
-    }
-
-    /// `cached` of the prompt tokens were not prefilled: the prefill rate counts the others.
-    pub fn set_cached(&mut self, cached: usize, t: &StageTimings) {
-        self.cached_tokens = cached;
-        self.prefill_tok_per_s =
-            self.prompt_tokens.saturating_sub(cached) as f64 / t.prefill.as_secs_f64().max(1e-9);
     }
 }

@@ -1239,11 +1239,7 @@ impl BatchBackbone for OrtBackbone {
     fn load_rows(&mut self, slot: usize, rows: &KvRows, len: usize) -> Result<(), EngineError> {
         let per_tensor = self.kv_heads * rows.len * self.head_size;
         let want = per_tensor * 2 * self.past.len();
-        let held = match &rows.data {
-            KvData::F32(v) => v.len(),
-            KvData::F16(v) => v.len(),
-            KvData::Bf16(v) => v.len(),
-        };
+        let held = rows.values();
         if self.mode != KvMode::Shared
             || slot >= self.slots
             || self.lens[slot] != 0

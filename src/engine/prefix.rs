@@ -28,13 +28,22 @@ pub enum KvData {
 }
 
 impl KvRows {
+    /// Values the rows hold.
+    pub fn values(&self) -> usize {
+        match &self.data {
+            KvData::F32(v) => v.len(),
+            KvData::F16(v) => v.len(),
+            KvData::Bf16(v) => v.len(),
+        }
+    }
+
     /// Bytes the rows hold.
     pub fn size(&self) -> usize {
-        match &self.data {
-            KvData::F32(v) => v.len() * 4,
-            KvData::F16(v) => v.len() * 2,
-            KvData::Bf16(v) => v.len() * 2,
-        }
+        let elem = match &self.data {
+            KvData::F32(_) => 4,
+            KvData::F16(_) | KvData::Bf16(_) => 2,
+        };
+        self.values() * elem
     }
 }
 

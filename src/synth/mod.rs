@@ -232,10 +232,10 @@ impl SynthesisReport {
             self.codes.len(),
             self.stop.finish_reason(),
             self.prompt_tokens,
+            self.cached_tokens,
             self.audio_seconds(),
             &self.timings,
         );
-        n.set_cached(self.cached_tokens, &self.timings);
         n.npu_commands = self.npu_commands;
         n
     }
