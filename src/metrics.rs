@@ -12,6 +12,9 @@ use crate::package::CODES_PER_SECOND;
 pub struct StageTimings {
     /// Normalise + phonemise + tokenise.
     pub front_end: Duration,
+    /// The backbone's runs over the prompt and over the codes: neither counts the time it made
+    /// way for codec windows (`--cpu-turns`) or spent handing a code on, which is `codec`'s and
+    /// the output's, so the stages add up.
     pub prefill: Duration,
     pub decode: Duration,
     pub codec: Duration,

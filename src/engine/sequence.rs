@@ -7,6 +7,8 @@
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
+use crate::runtime::turns::waited_here;
+
 use super::{
     CancelToken, Candidates, EngineError, Generation, GenerationParams, LogitsLayout, Sampler,
     StopReason, too_long,
@@ -33,6 +35,9 @@ pub struct Sequence {
     started: Instant,
     decoding_since: Option<Instant>,
     in_callback: Duration,
+    /// [`waited_here`] when the current stage began: a sequence lives on the thread that runs
+    /// its backbone (the scheduler's, or [`super::generate`]'s caller).
+    waits_at: Duration,
 }
 
 impl Sequence {
@@ -52,6 +57,7 @@ impl Sequence {
         }
         let room = limits.budget - prompt.len();
         let started = Instant::now();
+        let waits_at = waited_here();
         let sampler = Sampler::with_layout(params.sampling, candidates.clone(), &limits.layout)?;
         Ok(Self {
             out: Generation {
@@ -71,6 +77,7 @@ impl Sequence {
             started,
             decoding_since: None,
             in_callback: Duration::ZERO,
+            waits_at,
         })
     }
 
@@ -87,7 +94,12 @@ impl Sequence {
             .sampler
             .sample(logits, self.out.codes.len() >= self.min_new)?;
         if self.decoding_since.is_none() {
-            self.out.prefill = self.started.elapsed();
+            let waits = waited_here();
+            self.out.prefill = self
+                .started
+                .elapsed()
+                .saturating_sub(waits.saturating_sub(self.waits_at));
+            self.waits_at = waits;
             self.decoding_since = Some(Instant::now());
         }
         if self.candidates.stop_ids.contains(&next) {
@@ -128,12 +140,98 @@ impl Sequence {
         self.finish()
     }
 
-    /// What the sequence made, with its timings: decode counts the steps, not the time spent in
-    /// `on_code` (a streaming codec, encoding, the caller's I/O), so stage timings add up.
+    /// What the sequence made, with its timings: prefill and decode count the backbone's runs,
+    /// not the time spent in `on_code` (a streaming codec, encoding, the caller's I/O) nor in
+    /// waiting for the codec's turn ([`crate::runtime::Turns`]), so stage timings add up.
     pub fn finish(mut self) -> Generation {
         if let Some(t) = self.decoding_since {
-            self.out.decode = t.elapsed().saturating_sub(self.in_callback);
+            let waits = waited_here().saturating_sub(self.waits_at);
+            self.out.decode = t.elapsed().saturating_sub(self.in_callback + waits);
         }
         self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::SamplingParams;
+    use crate::runtime::Turns;
+    use std::sync::Arc;
+
+    /// Makes the backbone's next run on this thread wait for a codec run: another thread holds
+    /// one until this thread's run waits, then lets it end. Returns how long this thread waited.
+    fn wait_for_a_codec_run(turns: &Arc<Turns>) -> Duration {
+        let (started, running) = std::sync::mpsc::channel();
+        let (end, ending) = std::sync::mpsc::channel::<()>();
+        let codec = {
+            let turns = turns.clone();
+            std::thread::spawn(move || {
+                turns.codec(81, || {
+                    started.send(()).unwrap();
+                    ending.recv().unwrap();
+                })
+            })
+        };
+        running.recv().unwrap();
+        let (before, waits) = (waited_here(), turns.backbone_waits());
+        // Ends the codec run once this thread's run below is waiting for it.
+        let watcher = {
+            let turns = turns.clone();
+            std::thread::spawn(move || {
+                while turns.backbone_waits() == waits {
+                    std::thread::yield_now();
+                }
+                end.send(()).unwrap();
+            })
+        };
+        turns.backbone(1, || ());
+        watcher.join().unwrap();
+        codec.join().unwrap();
+        waited_here() - before
+    }
+
+    #[test]
+    fn stage_times_leave_out_waiting_for_the_codec() {
+        let candidates = Candidates {
+            speech_first: 10,
+            speech_count: 4,
+            stop_ids: vec![2],
+        };
+        let limits = SequenceLimits {
+            budget: 64,
+            static_kv: None,
+            layout: LogitsLayout::default(),
+        };
+        let params = GenerationParams {
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            min_new_tokens: 0,
+            max_new_tokens: Some(2),
+        };
+        let mut logits = vec![0.0f32; 16];
+        logits[11] = 5.0;
+        let turns = Arc::new(Turns::new());
+        let wall = Instant::now();
+        let mut seq = Sequence::new(&candidates, &[1, 3], &params, &limits).unwrap();
+        let in_prefill = wait_for_a_codec_run(&turns);
+        let cancel = CancelToken::new();
+        let mut on_code = |_| ControlFlow::Continue(());
+        assert_eq!(
+            seq.advance(&logits, &cancel, &mut on_code).unwrap(),
+            Some(11)
+        );
+        let prefill_wall = wall.elapsed();
+        let in_decode = wait_for_a_codec_run(&turns);
+        assert_eq!(seq.advance(&logits, &cancel, &mut on_code).unwrap(), None);
+        let g = seq.finish();
+        let total = wall.elapsed();
+        assert_eq!(g.codes, [1, 1]);
+        assert!(in_prefill > Duration::ZERO && in_decode > Duration::ZERO);
+        // Had either wait been counted in its stage, these would not hold.
+        assert!(g.prefill + in_prefill <= prefill_wall);
+        assert!(g.prefill + in_prefill + g.decode + in_decode <= total);
     }
 }

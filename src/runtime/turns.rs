@@ -9,7 +9,9 @@
 //! turns ([`TURN_TOKENS`], [`TURN_FRAMES`]): a whole prompt prefilled in one run, or a long piece
 //! decoded whole, overlaps as before, so no stream's window waits seconds for another's prompt.
 
+use std::cell::Cell;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 /// Whether the backbone and the codec take turns (`--cpu-turns`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -58,11 +60,25 @@ impl std::str::FromStr for TurnsMode {
     }
 }
 
+thread_local! {
+    /// How long backbone runs on this thread have waited for codec runs, in all.
+    static WAITED: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+}
+
+/// How long backbone runs on this thread have waited for codec runs so far. A generation takes
+/// the difference over its stages from their times, so that prefill and decode time count the
+/// backbone's work, not the codec windows it made way for (their time is the codec stage's).
+pub fn waited_here() -> Duration {
+    WAITED.with(Cell::get)
+}
+
 #[derive(Default)]
 struct State {
     /// Codec runs waiting or running.
     codec: usize,
     backbone: bool,
+    /// Backbone runs that have had to wait for codec runs.
+    backbone_waits: u64,
 }
 
 /// The gate both sides pass for every run.
@@ -117,8 +133,13 @@ impl Turns {
             return run();
         }
         let mut s = self.lock();
-        while s.codec > 0 {
-            s = self.wait(s);
+        if s.codec > 0 {
+            s.backbone_waits += 1;
+            let since = Instant::now();
+            while s.codec > 0 {
+                s = self.wait(s);
+            }
+            WAITED.with(|w| w.set(w.get() + since.elapsed()));
         }
         s.backbone = true;
         drop(s);
@@ -127,6 +148,12 @@ impl Turns {
             codec: false,
         };
         run()
+    }
+
+    /// Backbone runs that have had to wait for codec runs (tests watch a run start waiting).
+    #[cfg(test)]
+    pub(crate) fn backbone_waits(&self) -> u64 {
+        self.lock().backbone_waits
     }
 
     /// Runs one codec run of `frames` frames once the backbone's run in progress has ended; the
@@ -206,6 +233,37 @@ mod tests {
         assert_eq!(*order.lock().unwrap(), ["step 1", "codec", "step 2"]);
         let s = turns.lock();
         assert_eq!((s.codec, s.backbone), (0, false));
+    }
+
+    #[test]
+    fn a_threads_waits_for_the_codec_are_counted_on_that_thread_only() {
+        let turns = Arc::new(Turns::new());
+        // No codec run: the backbone's run waits for nothing.
+        let before = waited_here();
+        turns.backbone(1, || ());
+        assert_eq!(waited_here(), before);
+        // A codec run is counted in before the backbone's thread asks for its turn.
+        turns.lock().codec = 1;
+        let backbone = {
+            let turns = turns.clone();
+            std::thread::spawn(move || {
+                let start = waited_here();
+                turns.backbone(1, || ());
+                waited_here() - start
+            })
+        };
+        // Until its run is waiting.
+        while turns.backbone_waits() == 0 {
+            std::thread::yield_now();
+        }
+        {
+            let mut s = turns.lock();
+            s.codec = 0;
+        }
+        turns.changed.notify_all();
+        assert!(backbone.join().unwrap() > Duration::ZERO);
+        // This thread's count is its own.
+        assert_eq!(waited_here(), before);
     }
 
     #[test]
