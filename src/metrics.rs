@@ -12,11 +12,17 @@ use crate::package::CODES_PER_SECOND;
 pub struct StageTimings {
     /// Normalise + phonemise + tokenise.
     pub front_end: Duration,
-    /// The backbone's runs over the prompt and over the codes: neither counts the time it made
-    /// way for codec windows (`--cpu-turns`) or spent handing a code on, which is `codec`'s and
-    /// the output's, so the stages add up.
+    /// The backbone's runs over the prompt: not the time they waited for codec runs.
     pub prefill: Duration,
+    /// The backbone's runs over the codes: neither the time they waited for codec runs nor the
+    /// time spent handing a code on (the codec's and the output's stages).
     pub decode: Duration,
+    /// How long the backbone's runs for this request waited for codec runs (`--cpu-turns`):
+    /// for its own windows, which the codec stage counts, and for other requests'. A lone
+    /// request's stages add up without it; beside others, the other requests' windows it made
+    /// way for are in no stage of its own.
+    pub turn_wait: Duration,
+    /// Decoding, without the codec's waits for a backbone run in progress.
     pub codec: Duration,
     pub encode: Duration,
     /// From the start of the request to the first audio sample handed out.
@@ -34,6 +40,7 @@ impl StageTimings {
         self.front_end += o.front_end;
         self.prefill += o.prefill;
         self.decode += o.decode;
+        self.turn_wait += o.turn_wait;
         self.codec += o.codec;
         self.encode += o.encode;
         self.total += o.total;
@@ -84,6 +91,8 @@ pub struct RunNumbers {
     pub front_end_ms: f64,
     pub prefill_ms: f64,
     pub decode_ms: f64,
+    /// [`StageTimings::turn_wait`].
+    pub turn_wait_ms: f64,
     pub codec_ms: f64,
     pub encode_ms: f64,
     pub total_ms: f64,
@@ -121,6 +130,7 @@ impl RunNumbers {
             front_end_ms: ms(t.front_end),
             prefill_ms: ms(t.prefill),
             decode_ms: ms(t.decode),
+            turn_wait_ms: ms(t.turn_wait),
             codec_ms: ms(t.codec),
             encode_ms: ms(t.encode),
             total_ms: ms(t.total),

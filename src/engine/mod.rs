@@ -599,10 +599,15 @@ pub struct Generation {
     pub stop: StopReason,
     pub prompt_tokens: usize,
     pub seed: u64,
+    /// The prefill's backbone runs, without their waits for codec runs (`turn_wait`).
     pub prefill: Duration,
     /// The decode steps alone: time spent inside `on_code` (a streaming codec, encoding, the
-    /// caller's I/O) is left out, so stage timings add up instead of overlapping.
+    /// caller's I/O) and the steps' waits for codec runs are left out, so stage timings add up
+    /// instead of overlapping.
     pub decode: Duration,
+    /// How long this generation's backbone runs waited for codec runs while it was prefilled
+    /// and decoded (`--cpu-turns`): its own request's windows, and other requests' too.
+    pub turn_wait: Duration,
     /// Commands the NPU completed for this generation, by its driver's hardware-context counters
     /// (`None`: not on the NPU, or the counters could not be read).
     pub npu_commands: Option<u64>,

@@ -35,9 +35,11 @@ pub struct Sequence {
     started: Instant,
     decoding_since: Option<Instant>,
     in_callback: Duration,
-    /// [`waited_here`] when the current stage began: a sequence lives on the thread that runs
-    /// its backbone (the scheduler's, or [`super::generate`]'s caller).
+    /// [`waited_here`] when the current stage began, less what callbacks waited since (the
+    /// callback's whole time is left out already): a sequence lives on the thread that runs its
+    /// backbone (the scheduler's, or [`super::generate`]'s caller).
     waits_at: Duration,
+    thread: std::thread::ThreadId,
 }
 
 impl Sequence {
@@ -67,6 +69,7 @@ impl Sequence {
                 seed: sampler.seed(),
                 prefill: Duration::ZERO,
                 decode: Duration::ZERO,
+                turn_wait: Duration::ZERO,
                 npu_commands: None,
                 cached_tokens: 0,
             },
@@ -78,6 +81,7 @@ impl Sequence {
             decoding_since: None,
             in_callback: Duration::ZERO,
             waits_at,
+            thread: std::thread::current().id(),
         })
     }
 
@@ -94,12 +98,10 @@ impl Sequence {
             .sampler
             .sample(logits, self.out.codes.len() >= self.min_new)?;
         if self.decoding_since.is_none() {
-            let waits = waited_here();
-            self.out.prefill = self
-                .started
-                .elapsed()
-                .saturating_sub(waits.saturating_sub(self.waits_at));
-            self.waits_at = waits;
+            let waits = self.waits_since_stage();
+            self.out.prefill = self.started.elapsed().saturating_sub(waits);
+            self.out.turn_wait = waits;
+            self.waits_at = waited_here();
             self.decoding_since = Some(Instant::now());
         }
         if self.candidates.stop_ids.contains(&next) {
@@ -110,9 +112,10 @@ impl Sequence {
         debug_assert!((first..first + self.candidates.speech_count).contains(&next));
         let code = next - first;
         self.out.codes.push(code);
-        let t = Instant::now();
+        let (t, waits) = (Instant::now(), waited_here());
         let flow = on_code(code);
         self.in_callback += t.elapsed();
+        self.waits_at += waited_here() - waits;
         if flow.is_break() || cancel.is_cancelled() {
             self.out.stop = StopReason::Cancelled;
             return Ok(None);
@@ -145,10 +148,21 @@ impl Sequence {
     /// waiting for the codec's turn ([`crate::runtime::Turns`]), so stage timings add up.
     pub fn finish(mut self) -> Generation {
         if let Some(t) = self.decoding_since {
-            let waits = waited_here().saturating_sub(self.waits_at);
+            let waits = self.waits_since_stage();
             self.out.decode = t.elapsed().saturating_sub(self.in_callback + waits);
+            self.out.turn_wait += waits;
         }
         self.out
+    }
+
+    /// How long this stage's backbone runs have waited for codec runs.
+    fn waits_since_stage(&self) -> Duration {
+        debug_assert_eq!(
+            self.thread,
+            std::thread::current().id(),
+            "a sequence's waits are counted on the thread that runs its backbone"
+        );
+        waited_here().saturating_sub(self.waits_at)
     }
 }
 
@@ -179,7 +193,9 @@ mod tests {
         let watcher = {
             let turns = turns.clone();
             std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(60);
                 while turns.backbone_waits() == waits {
+                    assert!(Instant::now() < deadline, "the backbone's run never waited");
                     std::thread::yield_now();
                 }
                 end.send(()).unwrap();
@@ -216,7 +232,9 @@ mod tests {
         let turns = Arc::new(Turns::new());
         let wall = Instant::now();
         let mut seq = Sequence::new(&candidates, &[1, 3], &params, &limits).unwrap();
+        let t = Instant::now();
         let in_prefill = wait_for_a_codec_run(&turns);
+        let prefill_call = t.elapsed();
         let cancel = CancelToken::new();
         let mut on_code = |_| ControlFlow::Continue(());
         assert_eq!(
@@ -224,7 +242,9 @@ mod tests {
             Some(11)
         );
         let prefill_wall = wall.elapsed();
+        let t = Instant::now();
         let in_decode = wait_for_a_codec_run(&turns);
+        let decode_call = t.elapsed();
         assert_eq!(seq.advance(&logits, &cancel, &mut on_code).unwrap(), None);
         let g = seq.finish();
         let total = wall.elapsed();
@@ -233,5 +253,9 @@ mod tests {
         // Had either wait been counted in its stage, these would not hold.
         assert!(g.prefill + in_prefill <= prefill_wall);
         assert!(g.prefill + in_prefill + g.decode + in_decode <= total);
+        // Each wait is left out of its own stage only: the rest of the call stays in it.
+        assert!(g.prefill + in_prefill >= prefill_call);
+        assert!(g.decode + in_decode >= decode_call);
+        assert_eq!(g.turn_wait, in_prefill + in_decode);
     }
 }

@@ -61,15 +61,20 @@ impl std::str::FromStr for TurnsMode {
 }
 
 thread_local! {
-    /// How long backbone runs on this thread have waited for codec runs, in all.
+    /// How long runs on this thread have waited for the other side's, in all.
     static WAITED: Cell<Duration> = const { Cell::new(Duration::ZERO) };
 }
 
-/// How long backbone runs on this thread have waited for codec runs so far. A generation takes
-/// the difference over its stages from their times, so that prefill and decode time count the
-/// backbone's work, not the codec windows it made way for (their time is the codec stage's).
-pub fn waited_here() -> Duration {
+/// How long runs on this thread have waited for the other side's so far: a backbone run for
+/// codec runs, a codec run for the backbone's run in progress. A stage timed on this thread takes
+/// the difference over it from its time, so each stage counts its own side's work and the
+/// stages of a lone request add up instead of overlapping.
+pub(crate) fn waited_here() -> Duration {
     WAITED.with(Cell::get)
+}
+
+fn count_wait(since: Instant) {
+    WAITED.with(|w| w.set(w.get() + since.elapsed()));
 }
 
 #[derive(Default)]
@@ -139,7 +144,7 @@ impl Turns {
             while s.codec > 0 {
                 s = self.wait(s);
             }
-            WAITED.with(|w| w.set(w.get() + since.elapsed()));
+            count_wait(since);
         }
         s.backbone = true;
         drop(s);
@@ -171,8 +176,12 @@ impl Turns {
             turns: self,
             codec: true,
         };
-        while s.backbone {
-            s = self.wait(s);
+        if s.backbone {
+            let since = Instant::now();
+            while s.backbone {
+                s = self.wait(s);
+            }
+            count_wait(since);
         }
         drop(s);
         run()
@@ -221,14 +230,19 @@ mod tests {
         step_started.recv().unwrap();
         let codec = {
             let (turns, order) = (turns.clone(), order.clone());
-            std::thread::spawn(move || turns.codec(81, || order.lock().unwrap().push("codec")))
+            std::thread::spawn(move || {
+                let before = waited_here();
+                turns.codec(81, || order.lock().unwrap().push("codec"));
+                waited_here() - before
+            })
         };
         // Until the codec run has counted itself in (it then waits for the step to end).
         while turns.lock().codec == 0 {
             std::thread::yield_now();
         }
         finish_step.send(()).unwrap();
-        codec.join().unwrap();
+        // The codec run's wait for the step is counted on its thread.
+        assert!(codec.join().unwrap() > Duration::ZERO);
         backbone.join().unwrap();
         assert_eq!(*order.lock().unwrap(), ["step 1", "codec", "step 2"]);
         let s = turns.lock();
@@ -252,8 +266,10 @@ mod tests {
                 waited_here() - start
             })
         };
-        // Until its run is waiting.
+        // Until its run is waiting (a run that never waits fails here, not hangs).
+        let deadline = Instant::now() + Duration::from_secs(60);
         while turns.backbone_waits() == 0 {
+            assert!(Instant::now() < deadline, "the backbone's run never waited");
             std::thread::yield_now();
         }
         {

@@ -153,7 +153,10 @@ impl Metrics {
         {
             self.by_finish[i].fetch_add(1, Ordering::Relaxed);
         }
-        self.decode_us.fetch_add(us(t.decode), Ordering::Relaxed);
+        // The rate a client got its codes at: waits for codec windows (its own and other
+        // requests', `--cpu-turns`) slowed it as much as a slower step would.
+        let generating = t.decode + t.turn_wait;
+        self.decode_us.fetch_add(us(generating), Ordering::Relaxed);
         self.audio_us
             .fetch_add((audio_seconds * 1e6) as u64, Ordering::Relaxed);
         self.wall_us.fetch_add(us(t.total), Ordering::Relaxed);
@@ -162,11 +165,11 @@ impl Metrics {
             self.first_audio_n.fetch_add(1, Ordering::Relaxed);
         }
         self.completed.fetch_add(1, Ordering::Relaxed);
-        let cps = crate::metrics::codes_per_second(codes, t.decode);
+        let cps = crate::metrics::codes_per_second(codes, generating);
         self.last_codes_per_s_milli
             .store((cps * 1000.0) as u64, Ordering::Relaxed);
         if codes > 0
-            && !t.decode.is_zero()
+            && !generating.is_zero()
             && let Some(i) = STREAM_RATE_BUCKETS.iter().position(|&le| cps <= le)
         {
             self.stream_rates[i].fetch_add(1, Ordering::Relaxed);

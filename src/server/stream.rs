@@ -33,10 +33,11 @@ pub(super) fn add_report_headers(h: &mut HeaderMap, report: &SynthesisReport) {
         (
             "server-timing",
             format!(
-                "front_end;dur={:.3}, prefill;dur={:.3}, decode;dur={:.3}, codec;dur={:.3}, encode;dur={:.3}, total;dur={:.3}",
+                "front_end;dur={:.3}, prefill;dur={:.3}, decode;dur={:.3}, turn_wait;dur={:.3}, codec;dur={:.3}, encode;dur={:.3}, total;dur={:.3}",
                 ms(t.front_end),
                 ms(t.prefill),
                 ms(t.decode),
+                ms(t.turn_wait),
                 ms(t.codec),
                 ms(t.encode),
                 ms(t.total)

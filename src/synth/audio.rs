@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::audio::{OutputPipeline, OutputSpec};
 use crate::codec::stream::{StreamDecoder, StreamError, TailMode, Windows, decode_whole};
 use crate::codec::{CodecError, CodecPool};
+use crate::runtime::turns::waited_here;
 
 use super::{SynthError, SynthEvent};
 
@@ -164,9 +165,9 @@ impl<'a> AudioStage<'a> {
         let Some(stream) = self.piece.as_mut().and_then(|p| p.stream.as_mut()) else {
             return Ok(true);
         };
-        let t = Instant::now();
+        let (t, waits) = (Instant::now(), waited_here());
         let step = stream.push(code as i32);
-        self.tally.codec += t.elapsed();
+        self.tally.codec += t.elapsed().saturating_sub(waited_here() - waits);
         let Some(mut samples) = step.map_err(stream_error)? else {
             return Ok(true);
         };
@@ -189,13 +190,13 @@ impl<'a> AudioStage<'a> {
         let Some(piece) = self.piece.take() else {
             return Ok(true);
         };
-        let t = Instant::now();
+        let (t, waits) = (Instant::now(), waited_here());
         let mut rest = match piece.stream {
             Some(stream) => stream.finish().map_err(stream_error)?,
             None => decode_whole(|c: &[i32]| decode_i32(self.codec, c), &as_i32(codes))
                 .map_err(stream_error)?,
         };
-        self.tally.codec += t.elapsed();
+        self.tally.codec += t.elapsed().saturating_sub(waited_here() - waits);
         let fade_in = if piece.first_chunk { piece.fade_in } else { 0 };
         fade_edges(&mut rest, fade_in, piece.fade_out);
         self.emit(&rest, sink)

@@ -172,6 +172,7 @@ impl Synthesizer {
             }
             out.timings.prefill += generation.prefill;
             out.timings.decode += generation.decode;
+            out.timings.turn_wait += generation.turn_wait;
             out.prompt_tokens += generation.prompt_tokens;
             out.cached_tokens += generation.cached_tokens;
             if i == 0 {
