@@ -17,11 +17,11 @@ pub struct StageTimings {
     /// The backbone's runs over the codes: neither the time they waited for codec runs nor the
     /// time spent handing a code on (the codec's and the output's stages).
     pub decode: Duration,
-    /// How long the backbone's runs for this request waited for codec runs (`--cpu-turns`):
-    /// for its own windows, which the codec stage counts, and for other requests'. A lone
-    /// request's stages add up without it; beside others, the other requests' windows it made
-    /// way for are in no stage of its own.
-    pub turn_wait: Duration,
+    /// How long the backbone's runs for this request waited for codec runs (`--cpu-turns`),
+    /// in its prefill and in its decode: for its own windows, which the codec stage counts, and
+    /// for other requests'. A lone request's stages add up without it; beside others, the other
+    /// requests' windows it made way for are in no stage of its own.
+    pub turn_wait: crate::runtime::TurnWait,
     /// Decoding, without the codec's waits for a backbone run in progress.
     pub codec: Duration,
     pub encode: Duration,
@@ -91,7 +91,7 @@ pub struct RunNumbers {
     pub front_end_ms: f64,
     pub prefill_ms: f64,
     pub decode_ms: f64,
-    /// [`StageTimings::turn_wait`].
+    /// [`StageTimings::turn_wait`], both stages.
     pub turn_wait_ms: f64,
     pub codec_ms: f64,
     pub encode_ms: f64,
@@ -130,7 +130,7 @@ impl RunNumbers {
             front_end_ms: ms(t.front_end),
             prefill_ms: ms(t.prefill),
             decode_ms: ms(t.decode),
-            turn_wait_ms: ms(t.turn_wait),
+            turn_wait_ms: ms(t.turn_wait.total()),
             codec_ms: ms(t.codec),
             encode_ms: ms(t.encode),
             total_ms: ms(t.total),

@@ -607,7 +607,7 @@ pub struct Generation {
     pub decode: Duration,
     /// How long this generation's backbone runs waited for codec runs while it was prefilled
     /// and decoded (`--cpu-turns`): its own request's windows, and other requests' too.
-    pub turn_wait: Duration,
+    pub turn_wait: crate::runtime::TurnWait,
     /// Commands the NPU completed for this generation, by its driver's hardware-context counters
     /// (`None`: not on the NPU, or the counters could not be read).
     pub npu_commands: Option<u64>,

@@ -370,7 +370,7 @@ impl Lane {
                     seed: job.params.sampling.seed.unwrap_or_default(),
                     prefill: Duration::ZERO,
                     decode: Duration::ZERO,
-                    turn_wait: Duration::ZERO,
+                    turn_wait: crate::runtime::TurnWait::default(),
                     npu_commands: None,
                     cached_tokens: 0,
                 }));

@@ -7,6 +7,7 @@
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
+use crate::runtime::TurnWait;
 use crate::runtime::turns::waited_here;
 
 use super::{
@@ -35,9 +36,11 @@ pub struct Sequence {
     started: Instant,
     decoding_since: Option<Instant>,
     in_callback: Duration,
-    /// [`waited_here`] when the current stage began, less what callbacks waited since (the
-    /// callback's whole time is left out already): a sequence lives on the thread that runs its
-    /// backbone (the scheduler's, or [`super::generate`]'s caller).
+    /// [`waited_here`] when the current stage began, plus what this sequence's callbacks waited
+    /// since (the callback's whole time is left out already). A sequence lives on the thread
+    /// that runs its backbone (the scheduler's, or [`super::generate`]'s caller); the
+    /// scheduler's callbacks only send on a channel, so no other sequence's callback waits on
+    /// that thread in its stage.
     waits_at: Duration,
     thread: std::thread::ThreadId,
 }
@@ -69,7 +72,7 @@ impl Sequence {
                 seed: sampler.seed(),
                 prefill: Duration::ZERO,
                 decode: Duration::ZERO,
-                turn_wait: Duration::ZERO,
+                turn_wait: TurnWait::default(),
                 npu_commands: None,
                 cached_tokens: 0,
             },
@@ -100,7 +103,7 @@ impl Sequence {
         if self.decoding_since.is_none() {
             let waits = self.waits_since_stage();
             self.out.prefill = self.started.elapsed().saturating_sub(waits);
-            self.out.turn_wait = waits;
+            self.out.turn_wait.prefill = waits;
             self.waits_at = waited_here();
             self.decoding_since = Some(Instant::now());
         }
@@ -150,7 +153,7 @@ impl Sequence {
         if let Some(t) = self.decoding_since {
             let waits = self.waits_since_stage();
             self.out.decode = t.elapsed().saturating_sub(self.in_callback + waits);
-            self.out.turn_wait += waits;
+            self.out.turn_wait.decode = waits;
         }
         self.out
     }
@@ -207,6 +210,39 @@ mod tests {
         waited_here() - before
     }
 
+    /// Makes a codec run on this thread wait for a backbone run another thread holds until the
+    /// codec run waits. Returns how long this thread waited.
+    fn wait_for_a_backbone_run(turns: &Arc<Turns>) -> Duration {
+        let (started, running) = std::sync::mpsc::channel();
+        let (end, ending) = std::sync::mpsc::channel::<()>();
+        let step = {
+            let turns = turns.clone();
+            std::thread::spawn(move || {
+                turns.backbone(1, || {
+                    started.send(()).unwrap();
+                    ending.recv().unwrap();
+                })
+            })
+        };
+        running.recv().unwrap();
+        let before = waited_here();
+        let watcher = {
+            let turns = turns.clone();
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while turns.codec_runs() == 0 {
+                    assert!(Instant::now() < deadline, "the codec's run never waited");
+                    std::thread::yield_now();
+                }
+                end.send(()).unwrap();
+            })
+        };
+        turns.codec(81, || ());
+        watcher.join().unwrap();
+        step.join().unwrap();
+        waited_here() - before
+    }
+
     #[test]
     fn stage_times_leave_out_waiting_for_the_codec() {
         let candidates = Candidates {
@@ -236,7 +272,13 @@ mod tests {
         let in_prefill = wait_for_a_codec_run(&turns);
         let prefill_call = t.elapsed();
         let cancel = CancelToken::new();
-        let mut on_code = |_| ControlFlow::Continue(());
+        // A callback that waits its turn itself (a codec run on this thread): its whole time is
+        // left out already, so its wait must not be taken out again.
+        let mut in_callbacks = Duration::ZERO;
+        let mut on_code = |_| {
+            in_callbacks += wait_for_a_backbone_run(&turns);
+            ControlFlow::Continue(())
+        };
         assert_eq!(
             seq.advance(&logits, &cancel, &mut on_code).unwrap(),
             Some(11)
@@ -248,6 +290,7 @@ mod tests {
         assert_eq!(seq.advance(&logits, &cancel, &mut on_code).unwrap(), None);
         let g = seq.finish();
         let total = wall.elapsed();
+        assert!(in_callbacks > Duration::ZERO);
         assert_eq!(g.codes, [1, 1]);
         assert!(in_prefill > Duration::ZERO && in_decode > Duration::ZERO);
         // Had either wait been counted in its stage, these would not hold.
@@ -256,6 +299,12 @@ mod tests {
         // Each wait is left out of its own stage only: the rest of the call stays in it.
         assert!(g.prefill + in_prefill >= prefill_call);
         assert!(g.decode + in_decode >= decode_call);
-        assert_eq!(g.turn_wait, in_prefill + in_decode);
+        assert_eq!(
+            g.turn_wait,
+            TurnWait {
+                prefill: in_prefill,
+                decode: in_decode
+            }
+        );
     }
 }

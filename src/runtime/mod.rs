@@ -15,7 +15,7 @@ pub mod threads;
 pub mod turns;
 
 pub use threads::{CpuTopology, ThreadPlan, ThreadPolicy};
-pub use turns::{Turns, TurnsMode};
+pub use turns::{TurnWait, Turns, TurnsMode};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};

@@ -73,6 +73,26 @@ pub(crate) fn waited_here() -> Duration {
     WAITED.with(Cell::get)
 }
 
+/// How long one request's backbone runs waited for codec runs, by the stage they were in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TurnWait {
+    pub prefill: Duration,
+    pub decode: Duration,
+}
+
+impl TurnWait {
+    pub fn total(self) -> Duration {
+        self.prefill + self.decode
+    }
+}
+
+impl std::ops::AddAssign for TurnWait {
+    fn add_assign(&mut self, o: Self) {
+        self.prefill += o.prefill;
+        self.decode += o.decode;
+    }
+}
+
 fn count_wait(since: Instant) {
     WAITED.with(|w| w.set(w.get() + since.elapsed()));
 }
@@ -159,6 +179,12 @@ impl Turns {
     #[cfg(test)]
     pub(crate) fn backbone_waits(&self) -> u64 {
         self.lock().backbone_waits
+    }
+
+    /// Codec runs waiting or running (tests watch a run start waiting).
+    #[cfg(test)]
+    pub(crate) fn codec_runs(&self) -> usize {
+        self.lock().codec
     }
 
     /// Runs one codec run of `frames` frames once the backbone's run in progress has ended; the

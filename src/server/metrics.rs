@@ -153,9 +153,9 @@ impl Metrics {
         {
             self.by_finish[i].fetch_add(1, Ordering::Relaxed);
         }
-        // The rate a client got its codes at: waits for codec windows (its own and other
-        // requests', `--cpu-turns`) slowed it as much as a slower step would.
-        let generating = t.decode + t.turn_wait;
+        // The rate a client got its codes at: waits for codec windows while decoding (its own
+        // and other requests', `--cpu-turns`) slowed it as much as a slower step would.
+        let generating = t.decode + t.turn_wait.decode;
         self.decode_us.fetch_add(us(generating), Ordering::Relaxed);
         self.audio_us
             .fetch_add((audio_seconds * 1e6) as u64, Ordering::Relaxed);
@@ -398,6 +398,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn npu_commands_are_counted_per_request_and_an_idle_npu_request_is_named() {
@@ -423,6 +424,36 @@ mod tests {
             "onebit_npu_commands_total 640\n",
             "onebit_npu_counted_requests_total 2\n",
             "onebit_npu_requests_without_commands_total 1\n",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_decode_rate_counts_the_decode_steps_waits_for_codec_windows_not_the_prefills() {
+        let m = Metrics::default();
+        let t = StageTimings {
+            decode: Duration::from_millis(1500),
+            turn_wait: crate::runtime::TurnWait {
+                prefill: Duration::from_millis(700),
+                decode: Duration::from_millis(500),
+            },
+            ..StageTimings::default()
+        };
+        // 100 codes over 1.5 s of steps and 0.5 s of waits between them: 50 codes/s.
+        m.generated(100, 2.0, &t, StopReason::Length, None);
+        let load = crate::synth::Load {
+            running: 0,
+            queued: 0,
+            places: 1,
+            queue_depth: 8,
+        };
+        let text = m.render(&SchedulerStats::default(), &load);
+        for line in [
+            "onebit_codes_per_second 50\n",
+            "onebit_decode_seconds_total 2\n",
+            "onebit_stream_codes_per_second_bucket{le=\"40\"} 0\n",
+            "onebit_stream_codes_per_second_bucket{le=\"50\"} 1\n",
         ] {
             assert!(text.contains(line), "{line} in\n{text}");
         }

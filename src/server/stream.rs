@@ -37,7 +37,7 @@ pub(super) fn add_report_headers(h: &mut HeaderMap, report: &SynthesisReport) {
                 ms(t.front_end),
                 ms(t.prefill),
                 ms(t.decode),
-                ms(t.turn_wait),
+                ms(t.turn_wait.total()),
                 ms(t.codec),
                 ms(t.encode),
                 ms(t.total)

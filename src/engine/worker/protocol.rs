@@ -201,7 +201,7 @@ impl Summary {
             prefill: Duration::from_micros(self.prefill_us),
             decode: Duration::from_micros(self.decode_us),
             // The child's backbone has the cores to itself: it takes no turns with a codec.
-            turn_wait: Duration::ZERO,
+            turn_wait: crate::runtime::TurnWait::default(),
             npu_commands: self.npu_commands,
             // The worker runs one request at a time, with no prefix cache.
             cached_tokens: 0,
