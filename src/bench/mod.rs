@@ -112,6 +112,9 @@ pub struct StageStats {
     pub decode: Stat,
     pub codec: Stat,
     pub encode: Stat,
+    /// The backbone's waits for codec windows ([`crate::metrics::StageTimings::turn_wait`]): not
+    /// a stage of its own, for a lone stream they are the codec's time.
+    pub turn_wait: Stat,
 }
 
 /// The whole report.
@@ -294,6 +297,7 @@ pub fn run(
                     decode: stat(&|r| r.numbers.decode_ms),
                     codec: stat(&|r| r.numbers.codec_ms),
                     encode: stat(&|r| r.numbers.encode_ms),
+                    turn_wait: stat(&|r| r.numbers.turn_wait_ms),
                 },
             });
         }
@@ -322,7 +326,7 @@ impl Report {
     /// The table `bench` prints on stdout.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "engine {}\ndevice {}\npackage {}\nmachine {}\ncodec {}\n\n{:<8} {:<8} {:>6} {:>6} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   stage ms (front/prefill/decode/codec/encode)\n",
+            "engine {}\ndevice {}\npackage {}\nmachine {}\ncodec {}\n\n{:<8} {:<8} {:>6} {:>6} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   stage ms (front/prefill/decode/codec/encode; turn wait)\n",
             self.engine,
             self.device,
             self.package,
@@ -344,7 +348,7 @@ impl Report {
         for c in &self.cases {
             let st = &c.stage_ms;
             s.push_str(&format!(
-                "{:<8} {:<8} {:>6.0} {:>6.0} {:>6.0} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   {:.1}/{:.1}/{:.1}/{:.1}/{:.1}\n",
+                "{:<8} {:<8} {:>6.0} {:>6.0} {:>6.0} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   {:.1}/{:.1}/{:.1}/{:.1}/{:.1}; {:.1}\n",
                 c.case,
                 c.voice,
                 c.prompt_tokens.median,
@@ -360,7 +364,8 @@ impl Report {
                 st.prefill.median,
                 st.decode.median,
                 st.codec.median,
-                st.encode.median
+                st.encode.median,
+                st.turn_wait.median
             ));
         }
         // A run cut at its code limit measured a model that did not stop: say so under the table.

@@ -450,6 +450,7 @@ mod tests {
                 decode: stat(0.0),
                 codec: stat(0.0),
                 encode: stat(0.0),
+                turn_wait: stat(0.0),
             },
         }
     }
