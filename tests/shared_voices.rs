@@ -2,8 +2,9 @@
 //! in this process) over one custom-voice directory, as replicas on a ReadWriteMany volume. Each
 //! has its own store, read from disk: a voice made through one speaks through the other, a
 //! deletion is seen by the other's next lookup, two creations of one name at once make exactly
-//! one voice, a bad file is skipped with one warning per state, and a lookup that misses lists
-//! the directory without parsing unchanged files again.
+//! one voice, a bad file is skipped with one warning per state, a lookup that misses lists only a
+//! directory that may have changed and parses no unchanged file again, and a change behind a
+//! writer that holds the store's lock too long is refused (503) without writing anything.
 //!
 //! No test sleeps to let something happen: every change is made before the lookup that must see
 //! it, and the one time bound (a listing's revalidation) is polled with a deadline.
@@ -337,35 +338,83 @@ fn bad_files_are_skipped_with_one_warning_per_state() {
     assert_eq!(fresh.names(), ["cut", "good"]);
 }
 
+/// Sets a directory's mtime, as a directory last changed then looks (its ctime becomes now).
+fn set_mtime(dir: &Path, t: std::time::SystemTime) {
+    std::fs::File::open(dir).unwrap().set_modified(t).unwrap();
+}
+
 #[test]
-fn a_miss_lists_the_directory_and_parses_no_unchanged_file() {
+fn a_miss_lists_only_a_directory_that_may_have_changed_and_parses_no_unchanged_file() {
     let dir = common::tempdir("shared-voices-misses").join("custom");
     for i in 0..30 {
         let v = voice(&format!("v{i:02}"), &format!("voice_{i:024x}"), i);
         VoiceStore::save(&dir, &v, false).unwrap();
     }
+    // Just written: the directory's mtime is not settled, so every miss lists it again (a file
+    // added within the same clock tick would not move it).
     let store = VoiceStore::open(std::slice::from_ref(&dir)).unwrap();
     let opened = store.disk_reads();
     assert_eq!((opened.listings, opened.parses), (1, 30));
-    for _ in 0..200 {
+    for _ in 0..20 {
         assert!(store.get("nobody").is_err());
     }
     let after = store.disk_reads();
-    assert_eq!(after.parses, 30, "a miss parsed an unchanged file");
-    assert!(after.listings <= 1 + 200, "{after:?}");
-    // A hit on an unchanged file lists nothing.
+    assert_eq!((after.listings, after.parses), (1 + 20, 30));
+
+    // Last changed long ago (well past SETTLED): a miss stats the directory, lists nothing.
+    let long_ago = std::time::SystemTime::now() - 10 * onebit_tts::voice::SETTLED;
+    set_mtime(&dir, long_ago);
+    assert!(store.get("nobody").is_err()); // its ctime moved: listed once more
+    let settled = store.disk_reads();
+    assert_eq!((settled.listings, settled.parses), (after.listings + 1, 30));
+    for _ in 0..200 {
+        assert!(store.get("nobody").is_err());
+    }
+    // A hit on an unchanged file lists nothing either.
     for _ in 0..200 {
         store.get("v07").unwrap();
     }
-    assert_eq!(store.disk_reads().listings, after.listings);
+    assert_eq!(store.disk_reads(), settled);
 
-    // Written by another server: one miss finds it, parsing that file only.
+    // Written by another server: its rename moves the directory's mtime, so the next miss lists
+    // the directory and finds it, parsing that file only.
     let other = VoiceStore::open(std::slice::from_ref(&dir)).unwrap();
     let new = voice("new", "voice_0000000000000000000000ff", 7);
     VoiceStore::save(&dir, &new, false).unwrap();
     assert_eq!(*store.get("new").unwrap(), new);
-    assert_eq!(store.disk_reads().parses, 31);
+    let found = store.disk_reads();
+    assert_eq!((found.listings, found.parses), (settled.listings + 1, 31));
     drop(other);
+
+    // A deletion moves it too: the next lookup of the deleted voice finds it gone.
+    VoiceStore::remove(&dir, "v07").unwrap();
+    assert!(matches!(store.get("v07"), Err(VoiceError::Unknown { .. })));
+    assert_eq!(store.disk_reads().parses, 31);
+}
+
+#[test]
+fn the_store_lock_is_given_up_after_its_wait_and_taken_once_free() {
+    let store = common::tempdir("shared-voices-lock").join("custom");
+    // Another writer (a second open file: flock locks belong to it, not to the process) holds it.
+    let held = StoreLock::acquire(&store).unwrap();
+    let wait = Duration::from_millis(100);
+    let t0 = Instant::now();
+    let err = StoreLock::acquire_within(&store, wait).unwrap_err();
+    assert!(t0.elapsed() >= wait, "gave up after {:?}", t0.elapsed());
+    match &err {
+        VoiceError::StoreBusy { path, waited } => {
+            assert_eq!(path, &store.join(onebit_tts::voice::LOCK_FILE));
+            assert_eq!(*waited, wait);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        err.to_string().contains("gave up after waiting 100 ms"),
+        "{err}"
+    );
+    drop(held);
+    // Free: taken at the first try, even with no wait at all.
+    let _taken = StoreLock::acquire_within(&store, Duration::ZERO).unwrap();
 }
 
 // ---- Two real servers sharing a store. ----
@@ -391,6 +440,11 @@ mod servers {
     impl Server {
         /// A server of its own synthesizer (its own voice store) over `store`.
         async fn start(store: &Path) -> Self {
+            Self::start_waiting(store, onebit_tts::voice::LOCK_WAIT).await
+        }
+
+        /// As `start`, waiting `lock_wait` for the store's lock (`--voice-lock-timeout-s`).
+        async fn start_waiting(store: &Path, lock_wait: Duration) -> Self {
             let cfg = SynthConfig {
                 package_dir: common::model("tiny"),
                 voice_dirs: vec![store.to_path_buf(), common::repo().join("voices")],
@@ -404,6 +458,7 @@ mod servers {
                 voice_store: Some(store.to_path_buf()),
                 encoder: Some(common::model("tiny").join("codec/encoder.onnx")),
                 encoder_required: true,
+                voice_lock_wait: lock_wait,
                 ..ServerConfig::default()
             };
             let (stop, stopped) = oneshot::channel::<()>();
@@ -632,5 +687,53 @@ mod servers {
 
         a.stop().await;
         b.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_change_behind_a_held_store_lock_answers_503_and_writes_nothing() {
+        let store = common::tempdir("shared-voices-held").join("custom");
+        let s = Server::start_waiting(&store, Duration::from_millis(50)).await;
+        let c = Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap();
+        let wav = tone_wav();
+        let consent_form = form(
+            &[("name", "Ana"), ("language", "en-US")],
+            Some(("recording", &wav)),
+        );
+        let (status, consent) =
+            post_form(&c, s.url("/v1/audio/voice_consents"), &consent_form).await;
+        assert_eq!(status, StatusCode::OK, "{consent}");
+        let consent = consent["id"].as_str().unwrap().to_owned();
+
+        // Another server's writer, stuck while it holds the lock.
+        let held = StoreLock::acquire(&store).unwrap();
+        let busy = |status: StatusCode, body: &Value| {
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+            assert_eq!(body["error"]["code"], "voice_store_busy", "{body}");
+            let msg = body["error"]["message"].as_str().unwrap();
+            assert!(msg.contains("gave up after waiting 50 ms"), "{msg}");
+        };
+        let (status, made) = make_voice(&c, &s.url(""), "ana", &consent).await;
+        busy(status, &made);
+        assert!(!store.join("ana.json").exists());
+        let r = c
+            .delete(s.url("/v1/audio/voices/voice_00000000000000000000000b"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["retry-after"], "1");
+        let status = r.status();
+        busy(status, &r.json().await.unwrap());
+        // Still serving meanwhile.
+        assert_eq!(speak(&c, &s, "dave").await, (StatusCode::OK, None));
+
+        drop(held);
+        let (status, made) = make_voice(&c, &s.url(""), "ana", &consent).await;
+        assert_eq!(status, StatusCode::OK, "{made}");
+        assert_eq!(speak(&c, &s, "ana").await, (StatusCode::OK, None));
+        s.stop().await;
     }
 }

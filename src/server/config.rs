@@ -60,6 +60,9 @@ pub struct ServerConfig {
     /// the synthesizer's voice directories so they load again after a restart. None: cloning
     /// answers 501.
     pub voice_store: Option<PathBuf>,
+    /// How long a voice creation or deletion waits for the store's lock, which every server
+    /// sharing the store takes; past it the request answers 503 (`voice_store_busy`).
+    pub voice_lock_wait: Duration,
     /// Largest uploaded audio file (a voice sample, a consent recording).
     pub max_upload_bytes: usize,
 }
@@ -86,6 +89,7 @@ impl Default for ServerConfig {
             encoder: None,
             encoder_required: false,
             voice_store: None,
+            voice_lock_wait: crate::voice::LOCK_WAIT,
             max_upload_bytes: 10 << 20,
             insecure_no_auth: false,
             voice_aliases: Default::default(),
@@ -225,6 +229,10 @@ pub struct ServeArgs {
     /// repository's voices/custom/).
     #[arg(long, env = "ONEBIT_VOICE_STORE")]
     pub voice_store: Option<PathBuf>,
+    /// Seconds a voice creation or deletion waits for the voice store's lock (held by another
+    /// server sharing the store) before answering 503.
+    #[arg(long, env = "ONEBIT_VOICE_LOCK_TIMEOUT_S", default_value_t = 30.0)]
+    pub voice_lock_timeout_s: f64,
     /// Largest uploaded audio file in MiB (a voice sample, a consent recording; 413 above).
     #[arg(long, env = "ONEBIT_MAX_UPLOAD_MB", default_value_t = 10)]
     pub max_upload_mb: usize,
@@ -320,6 +328,7 @@ impl ServeArgs {
             encoder: self.encoder.clone(),
             encoder_required: self.encoder.is_some(),
             voice_store: self.voice_store.clone(),
+            voice_lock_wait: secs(self.voice_lock_timeout_s, "voice-lock-timeout-s")?,
             max_upload_bytes: self.max_upload_mb.saturating_mul(1 << 20),
         };
         cfg.check_exposure()?;

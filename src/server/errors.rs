@@ -230,6 +230,15 @@ impl ApiError {
         )
     }
 
+    /// 503 for a voice change that waited its time for the voice store's lock (another server
+    /// sharing the store holds it).
+    pub fn store_busy(message: impl Into<String>) -> Self {
+        Self {
+            retry_after: Some(1),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "voice_store_busy", message)
+        }
+    }
+
     pub fn cancelled() -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

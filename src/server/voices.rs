@@ -43,6 +43,8 @@ const FORM_OVERHEAD: usize = 64 << 10;
 /// What cloning needs, found once at start: the store and the encoder (or why there is none).
 pub(crate) struct Cloning {
     store: Option<PathBuf>,
+    /// How long a change waits for the store's file lock ([`StoreLock::acquire_within`]).
+    lock_wait: std::time::Duration,
     encoder: Result<Mutex<CodecEncoder>, String>,
     /// One creation or deletion at a time in this process (with the store's file lock across
     /// processes): the name check and the save are one step ([`Cloning::exclusive`]).
@@ -80,6 +82,7 @@ impl Cloning {
         };
         Ok(Self {
             store: cfg.voice_store.clone(),
+            lock_wait: cfg.voice_lock_wait,
             encoder,
             lock: Arc::default(),
             uploads: tokio::sync::Semaphore::new(UPLOADS_AT_ONCE),
@@ -92,6 +95,7 @@ impl Cloning {
             tracing::error!("{e}; cloning over HTTP is off");
             Self {
                 store: cfg.voice_store.clone(),
+                lock_wait: cfg.voice_lock_wait,
                 encoder: Err(e),
                 lock: Arc::default(),
                 uploads: tokio::sync::Semaphore::new(UPLOADS_AT_ONCE),
@@ -122,11 +126,14 @@ impl Cloning {
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, ApiError> {
-        let store = self.store()?.to_path_buf();
+        let (store, wait) = (self.store()?.to_path_buf(), self.lock_wait);
         let one = self.lock.clone().lock_owned().await;
         blocking(move || {
             let _one = one;
-            let _all = StoreLock::acquire(&store).map_err(|e| ApiError::internal(e.to_string()))?;
+            let _all = StoreLock::acquire_within(&store, wait).map_err(|e| match e {
+                VoiceError::StoreBusy { .. } => ApiError::store_busy(e.to_string()),
+                e => ApiError::internal(e.to_string()),
+            })?;
             Ok(f())
         })
         .await?

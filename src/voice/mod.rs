@@ -27,7 +27,7 @@ mod torch;
 
 pub use import::{ImportOptions, check_budget, import_path, import_paths, length_warning};
 use shared::{Disk, Slot};
-pub use shared::{DiskReads, LOCK_FILE, REVALIDATE, StoreLock};
+pub use shared::{DiskReads, LOCK_FILE, LOCK_WAIT, REVALIDATE, SETTLED, StoreLock};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VoiceError {
@@ -46,6 +46,15 @@ pub enum VoiceError {
         name: String,
         path: PathBuf,
         dir: PathBuf,
+    },
+    #[error(
+        "{}: another writer holds the voice store's lock; gave up after waiting {} ms, try again later",
+        .path.display(),
+        .waited.as_millis()
+    )]
+    StoreBusy {
+        path: PathBuf,
+        waited: std::time::Duration,
     },
     #[error("{}: {source}", .path.display())]
     Io {

@@ -6,8 +6,18 @@
 //! is not a valid voice (cut short, corrupt, misnamed) is skipped with one warning per state of the
 //! file, never an error.
 //!
+//! A lookup that misses reads the directories again before answering, but a directory whose own
+//! identity (its mtime above all: adding, removing or renaming an entry moves it) is the one last
+//! listed, and whose mtime was [`SETTLED`] old when it was listed, holds no new file: that miss
+//! costs one `stat` per directory, so a flood of requests for unknown voices lists nothing. The
+//! settling time covers file systems whose clock moves in ticks (a second or two on some), where
+//! a change in the same tick as the last one would not move the mtime. A voice file edited in
+//! place (not renamed into place, as every writer here does) is seen at the next listing
+//! ([`REVALIDATE`]).
+//!
 //! [`StoreLock`] is the lock every writer of a store takes (`flock` on [`LOCK_FILE`] in the store),
-//! so a name check and the save after it are one step across processes and machines.
+//! so a name check and the save after it are one step across processes and machines; a writer
+//! gives up after a bounded wait ([`LOCK_WAIT`]) rather than hang behind a stuck one.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -15,7 +25,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::{Voice, VoiceError};
 
@@ -24,8 +34,15 @@ use super::{Voice, VoiceError};
 /// voice whose file changed, reads them again at once.
 pub const REVALIDATE: Duration = Duration::from_secs(1);
 
+/// How old a directory's mtime must be, when it is listed, for a later miss to trust it
+/// unchanged (see the module's doc).
+pub const SETTLED: Duration = Duration::from_secs(2);
+
 /// The lock file in a custom-voice store (hidden, so never a voice).
 pub const LOCK_FILE: &str = ".onebit-voices.lock";
+
+/// How long a writer waits for the store's lock by default ([`StoreLock::acquire`]).
+pub const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// What identifies one version of a file: a rename into place is a new inode, an edit in place
 /// a new size, mtime or ctime.
@@ -57,6 +74,24 @@ impl FileId {
             .filter(fs::Metadata::is_file)
             .map(|m| Self::of(&m))
     }
+
+    /// The identity of the directory at `path` now; `None` when there is none.
+    fn of_dir(path: &Path) -> Option<Self> {
+        fs::metadata(path)
+            .ok()
+            .filter(fs::Metadata::is_dir)
+            .map(|m| Self::of(&m))
+    }
+
+    /// Whether the mtime is [`SETTLED`] or more before `t`.
+    fn settled_at(&self, t: SystemTime) -> bool {
+        let Ok(since_epoch) = t.duration_since(SystemTime::UNIX_EPOCH) else {
+            return false;
+        };
+        let mtime_ns = i128::from(self.mtime.0) * 1_000_000_000 + i128::from(self.mtime.1);
+        let bound = since_epoch.saturating_sub(SETTLED).as_nanos();
+        i128::try_from(bound).is_ok_and(|b| mtime_ns < b)
+    }
 }
 
 /// One `*.json` file as last read.
@@ -74,14 +109,20 @@ struct DirState {
     files: BTreeMap<OsString, FileState>,
     /// The last error listing the directory, so a failing directory is warned about once.
     error: Option<String>,
+    /// The directory's identity when last listed, if its mtime was settled then: while it stays
+    /// this, the listing is still whole.
+    settled: Option<FileId>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     /// In precedence order: a later directory's voice of a name wins.
     dirs: Vec<DirState>,
-    /// When the last completed read began.
+    /// When the last completed read (listing every directory) began.
     read_began: Option<Instant>,
+    /// When the last completed read or check (a miss's: listing only what may have changed)
+    /// began.
+    checked_began: Option<Instant>,
     reads: DiskReads,
 }
 
@@ -146,14 +187,27 @@ impl Disk {
         self.lock().reads
     }
 
-    /// Makes sure the directories were read after `since`: reads them unless a read that began at
-    /// or after `since` has completed (concurrent misses share one read).
+    /// Makes sure the directories' voices are known as they were after `since`, for a lookup
+    /// that missed: lists each directory that may have changed since it was last listed (one
+    /// `stat` tells), unless a read or check that began at or after `since` has completed
+    /// (concurrent misses share one).
     pub(super) fn reread(&self, since: Instant) {
         let mut st = self.lock();
-        if st.read_began.is_some_and(|t| t >= since) {
+        if st.checked_began.is_some_and(|t| t >= since) {
             return;
         }
-        self.read_locked(&mut st);
+        let began = Instant::now();
+        let mut changed = false;
+        let State { dirs, reads, .. } = &mut *st;
+        for d in dirs.iter_mut() {
+            if d.settled.is_none() || d.settled != FileId::of_dir(&d.path) {
+                changed |= d.read(reads);
+            }
+        }
+        st.checked_began = Some(began);
+        if changed {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// Reads the directories if the last read began `max_age` ago or more.
@@ -182,6 +236,7 @@ impl Disk {
             changed |= d.read(reads);
         }
         st.read_began = Some(began);
+        st.checked_began = Some(began);
         if changed {
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
@@ -216,6 +271,7 @@ impl DirState {
             path: path.to_path_buf(),
             files: BTreeMap::new(),
             error: None,
+            settled: None,
         }
     }
 
@@ -223,6 +279,9 @@ impl DirState {
     /// anything differs from the last read.
     fn read(&mut self, reads: &mut DiskReads) -> bool {
         reads.listings += 1;
+        // Before listing: a change during the listing then moves the identity from this one.
+        let (before, wall) = (FileId::of_dir(&self.path), SystemTime::now());
+        self.settled = None;
         // The whole listing first: one entry that cannot be read (a network volume's hiccup)
         // would otherwise count every voice not yet seen as removed.
         let entries = match fs::read_dir(&self.path).and_then(|d| d.collect::<Result<Vec<_>, _>>())
@@ -280,6 +339,9 @@ impl DirState {
             let id = (FileId::now(&path) == Some(id)).then_some(id);
             self.files.insert(file, FileState { id, voice });
         }
+        // A file that changed while it was read is read again by the next miss too.
+        self.settled =
+            before.filter(|d| d.settled_at(wall) && self.files.values().all(|f| f.id.is_some()));
         changed || !old.is_empty()
     }
 }
@@ -294,8 +356,16 @@ pub struct StoreLock {
 }
 
 impl StoreLock {
-    /// Waits for the store's lock (creating the store and the lock file when missing).
+    /// Waits up to [`LOCK_WAIT`] for the store's lock (creating the store and the lock file when
+    /// missing).
     pub fn acquire(store: &Path) -> Result<Self, VoiceError> {
+        Self::acquire_within(store, LOCK_WAIT)
+    }
+
+    /// Waits up to `wait` for the store's lock: a writer stuck while holding it (a replica
+    /// hanging on the network volume) makes the others fail with [`VoiceError::StoreBusy`]
+    /// instead of waiting for ever. Polls, since `flock` itself cannot time out.
+    pub fn acquire_within(store: &Path, wait: Duration) -> Result<Self, VoiceError> {
         let path = store.join(LOCK_FILE);
         let io = |source| VoiceError::Io {
             path: path.clone(),
@@ -310,7 +380,20 @@ impl StoreLock {
             .open(&path)
             .map_err(io)?;
         // std's lock is flock(LOCK_EX) on Linux; closing the file releases it.
-        file.lock().map_err(io)?;
-        Ok(Self { _file: file })
+        let deadline = Instant::now() + wait;
+        let mut pause = Duration::from_millis(2);
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(Self { _file: file }),
+                Err(fs::TryLockError::WouldBlock) => {}
+                Err(fs::TryLockError::Error(e)) => return Err(io(e)),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(VoiceError::StoreBusy { path, waited: wait });
+            }
+            std::thread::sleep(pause.min(left));
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
     }
 }
