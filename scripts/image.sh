@@ -24,6 +24,8 @@
 #   ONEBIT_DEBIAN_MIRROR   the Debian mirror to bootstrap from (default: the URI the machine's apt
 #                          sources give for bookworm, else for its own Debian release)
 #   ONEBIT_SETUP_INSTALL=0 never install missing tools, even as root: report and stop
+#   ONEBIT_NET_TIMEOUT_S   seconds a download may stall (connect or read) before it is retried,
+#                          by debootstrap's wget and by apt in the build (default 60; 3 tries)
 #   CONTAINERS_CONF        when set, used as it is (see "podman's configuration" below)
 #
 # Needs root for debootstrap (and, here, for podman: the base is imported into root's storage).
@@ -33,8 +35,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 base="${ONEBIT_BASE_IMAGE:-onebit-base:bookworm}"
 suite=bookworm
+net_timeout="${ONEBIT_NET_TIMEOUT_S:-60}"
 say() { echo "image: $*" >&2; }
 die() { say "$*"; exit 1; }
+[[ "$net_timeout" =~ ^[1-9][0-9]{0,3}$ ]] ||
+  die "ONEBIT_NET_TIMEOUT_S must be a whole number of seconds, 1-9999 (got '$net_timeout')"
 
 package=""
 tag=""
@@ -206,10 +211,16 @@ make_base() {
   # shellcheck disable=SC2064
   trap "rm -rf '$rootfs'" EXIT
   t0=$SECONDS
+  # debootstrap downloads with wget, whose defaults wait 15 minutes on a stalled read and try 20
+  # times: a mirror that stops answering would hang the build for hours. Its own wgetrc bounds
+  # each wait and try (wget reads $WGETRC; debootstrap passes the environment on).
+  printf '%s\n' "timeout = $net_timeout" "tries = 3" "waitretry = 5" "retry_connrefused = on" \
+    > "$rootfs.wgetrc"
   say "making $base: debootstrap --variant=minbase $suite from $mirror (about a minute)"
-  debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" > "$rootfs.log" 2>&1 ||
-    { tail -20 "$rootfs.log" >&2; rm -f "$rootfs.log"; die "debootstrap failed"; }
-  rm -f "$rootfs.log"
+  WGETRC="$rootfs.wgetrc" debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" \
+    > "$rootfs.log" 2>&1 ||
+    { tail -20 "$rootfs.log" >&2; rm -f "$rootfs.log" "$rootfs.wgetrc"; die "debootstrap failed"; }
+  rm -f "$rootfs.log" "$rootfs.wgetrc"
   # The image's apt sources: the same mirror with the updates suite, and the security mirror
   # where the machine has one, so the build can install and upgrade.
   rm -f "$rootfs/etc/apt/sources.list"
@@ -251,7 +262,7 @@ t0=$SECONDS
 say "building $tag from $(basename "$package") on $base${extra[0]:+ (with ${extra[*]})}"
 podman build --pull=never --format docker --layers \
   --build-arg BASE="$base" --build-arg VERSION="$version" \
-  --build-arg EXTRA_PACKAGES="${extra[*]}" \
+  --build-arg EXTRA_PACKAGES="${extra[*]}" --build-arg NET_TIMEOUT="$net_timeout" \
   -f "$root/deploy/container/Containerfile" -t "$tag" "$ctx" >&2
 # The binary runs in the image (its libraries resolve there).
 podman run --rm --network none --health-cmd none "$tag" --version >&2 || die "the image's onebit-tts does not run"
