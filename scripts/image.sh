@@ -24,8 +24,9 @@
 #   ONEBIT_DEBIAN_MIRROR   the Debian mirror to bootstrap from (default: the URI the machine's apt
 #                          sources give for bookworm, else for its own Debian release)
 #   ONEBIT_SETUP_INSTALL=0 never install missing tools, even as root: report and stop
-#   ONEBIT_NET_TIMEOUT_S   seconds a download may stall (connect or read) before it is retried,
-#                          by debootstrap's wget and by apt in the build (default 60; 3 tries)
+#   ONEBIT_NET_TIMEOUT_S   seconds a download may stall (connect or read) before it is tried
+#                          again, by debootstrap's wget and by apt in the build (default 60;
+#                          3 tries in all)
 #   CONTAINERS_CONF        when set, used as it is (see "podman's configuration" below)
 #
 # Needs root for debootstrap (and, here, for podman: the base is imported into root's storage).
@@ -203,24 +204,27 @@ debian_mirror() {
 make_base() {
   [ "$(id -u)" = 0 ] || die "making the base image runs debootstrap, which needs root: run this script as root (or with sudo)"
   need_tools debootstrap:debootstrap
-  local mirror security rootfs t0
+  local mirror security work rootfs t0
   mirror="$(debian_mirror)"
   [ -n "$mirror" ] || die "no Debian mirror in this machine's apt sources (/etc/apt/sources.list.d/*.sources, /etc/apt/sources.list); set ONEBIT_DEBIAN_MIRROR=URL"
   security="$(apt_uri "$suite-security" | head -1)"
-  rootfs="$(mktemp -d "${TMPDIR:-/var/tmp}/onebit-base.XXXXXX")"
+  # One private directory for the root file system, debootstrap's log and its wgetrc, removed
+  # on every way out.
+  work="$(mktemp -d "${TMPDIR:-/var/tmp}/onebit-base.XXXXXX")"
+  rootfs="$work/rootfs"
+  mkdir "$rootfs"
   # shellcheck disable=SC2064
-  trap "rm -rf '$rootfs'" EXIT
+  trap "rm -rf '$work'" EXIT
   t0=$SECONDS
   # debootstrap downloads with wget, whose defaults wait 15 minutes on a stalled read and try 20
   # times: a mirror that stops answering would hang the build for hours. Its own wgetrc bounds
   # each wait and try (wget reads $WGETRC; debootstrap passes the environment on).
   printf '%s\n' "timeout = $net_timeout" "tries = 3" "waitretry = 5" "retry_connrefused = on" \
-    > "$rootfs.wgetrc"
+    > "$work/wgetrc"
   say "making $base: debootstrap --variant=minbase $suite from $mirror (about a minute)"
-  WGETRC="$rootfs.wgetrc" debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" \
-    > "$rootfs.log" 2>&1 ||
-    { tail -20 "$rootfs.log" >&2; rm -f "$rootfs.log" "$rootfs.wgetrc"; die "debootstrap failed"; }
-  rm -f "$rootfs.log" "$rootfs.wgetrc"
+  WGETRC="$work/wgetrc" debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" \
+    > "$work/debootstrap.log" 2>&1 ||
+    { tail -20 "$work/debootstrap.log" >&2; die "debootstrap failed"; }
   # The image's apt sources: the same mirror with the updates suite, and the security mirror
   # where the machine has one, so the build can install and upgrade.
   rm -f "$rootfs/etc/apt/sources.list"
@@ -238,7 +242,7 @@ make_base() {
     podman import --change 'CMD ["/bin/bash"]' \
       --change "LABEL org.opencontainers.image.description=Debian $suite minbase (debootstrap)" \
       - "$base" >/dev/null
-  rm -rf "$rootfs"
+  rm -rf "$work"
   trap - EXIT
   say "made $base in $((SECONDS - t0)) s"
 }

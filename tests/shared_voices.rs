@@ -350,8 +350,13 @@ fn a_miss_lists_only_a_directory_that_may_have_changed_and_parses_no_unchanged_f
         let v = voice(&format!("v{i:02}"), &format!("voice_{i:024x}"), i);
         VoiceStore::save(&dir, &v, false).unwrap();
     }
-    // Just written: the directory's mtime is not settled, so every miss lists it again (a file
-    // added within the same clock tick would not move it).
+    // Changed just now (an hour ahead, so however slow this machine it stays so): the
+    // directory's mtime is not settled, so every miss lists it again (a file added within the
+    // same clock tick would not move it).
+    set_mtime(
+        &dir,
+        std::time::SystemTime::now() + Duration::from_secs(3600),
+    );
     let store = VoiceStore::open(std::slice::from_ref(&dir)).unwrap();
     let opened = store.disk_reads();
     assert_eq!((opened.listings, opened.parses), (1, 30));
@@ -390,6 +395,25 @@ fn a_miss_lists_only_a_directory_that_may_have_changed_and_parses_no_unchanged_f
     VoiceStore::remove(&dir, "v07").unwrap();
     assert!(matches!(store.get("v07"), Err(VoiceError::Unknown { .. })));
     assert_eq!(store.disk_reads().parses, 31);
+
+    // A file edited in place moves no directory's mtime: the lookup that finds its voice
+    // changed reads every directory again and answers with the new one.
+    set_mtime(&dir, long_ago);
+    assert!(store.get("nobody").is_err());
+    let listed = store.disk_reads().listings;
+    assert!(store.get("nobody").is_err());
+    assert_eq!(store.disk_reads().listings, listed, "settled again");
+    let edited = voice("v03", "voice_000000000000000000000003", 500);
+    let path = dir.join("v03.json");
+    let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+    std::fs::write(&path, serde_json::to_vec_pretty(&edited).unwrap()).unwrap();
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap()),
+        ino,
+        "not edited in place"
+    );
+    assert_eq!(*store.get("v03").unwrap(), edited);
+    assert_eq!(store.disk_reads().listings, listed + 1);
 }
 
 #[test]
@@ -540,6 +564,27 @@ mod servers {
         (status, r.json().await.unwrap())
     }
 
+    fn client() -> Client {
+        Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap()
+    }
+
+    /// Keeps a consent recording for "Ana" through `s`; its id.
+    async fn keep_consent(c: &Client, s: &Server) -> String {
+        let wav = tone_wav();
+        let consent_form = form(
+            &[("name", "Ana"), ("language", "en-US")],
+            Some(("recording", &wav)),
+        );
+        let (status, consent) =
+            post_form(c, s.url("/v1/audio/voice_consents"), &consent_form).await;
+        assert_eq!(status, StatusCode::OK, "{consent}");
+        consent["id"].as_str().unwrap().to_owned()
+    }
+
     /// `POST /v1/audio/voices` to the server at `base` (`http://ADDR`).
     async fn make_voice(c: &Client, base: &str, name: &str, consent: &str) -> (StatusCode, Value) {
         let wav = tone_wav();
@@ -593,22 +638,10 @@ mod servers {
     async fn two_servers_sharing_a_store_agree() {
         let store = common::tempdir("shared-voices-servers").join("custom");
         let (a, b) = (Server::start(&store).await, Server::start(&store).await);
-        let c = Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(120))
-            .build()
-            .unwrap();
+        let c = client();
 
         // A consent kept through A is one B finds (the store's consents/ is shared as it was).
-        let wav = tone_wav();
-        let consent_form = form(
-            &[("name", "Ana"), ("language", "en-US")],
-            Some(("recording", &wav)),
-        );
-        let (status, consent) =
-            post_form(&c, a.url("/v1/audio/voice_consents"), &consent_form).await;
-        assert_eq!(status, StatusCode::OK, "{consent}");
-        let consent = consent["id"].as_str().unwrap().to_owned();
+        let consent = keep_consent(&c, &a).await;
         let (status, _) = get(&c, &b, &format!("/v1/audio/voice_consents/{consent}")).await;
         assert_eq!(status, StatusCode::OK);
 
@@ -693,20 +726,12 @@ mod servers {
     async fn a_change_behind_a_held_store_lock_answers_503_and_writes_nothing() {
         let store = common::tempdir("shared-voices-held").join("custom");
         let s = Server::start_waiting(&store, Duration::from_millis(50)).await;
-        let c = Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(120))
-            .build()
-            .unwrap();
-        let wav = tone_wav();
-        let consent_form = form(
-            &[("name", "Ana"), ("language", "en-US")],
-            Some(("recording", &wav)),
-        );
-        let (status, consent) =
-            post_form(&c, s.url("/v1/audio/voice_consents"), &consent_form).await;
-        assert_eq!(status, StatusCode::OK, "{consent}");
-        let consent = consent["id"].as_str().unwrap().to_owned();
+        let c = client();
+        let consent = keep_consent(&c, &s).await;
+        let (status, ana) = make_voice(&c, &s.url(""), "ana", &consent).await;
+        assert_eq!(status, StatusCode::OK, "{ana}");
+        let ana_id = ana["id"].as_str().unwrap().to_owned();
+        let ana_file = std::fs::read(store.join("ana.json")).unwrap();
 
         // Another server's writer, stuck while it holds the lock.
         let held = StoreLock::acquire(&store).unwrap();
@@ -716,24 +741,70 @@ mod servers {
             let msg = body["error"]["message"].as_str().unwrap();
             assert!(msg.contains("gave up after waiting 50 ms"), "{msg}");
         };
-        let (status, made) = make_voice(&c, &s.url(""), "ana", &consent).await;
+        let (status, made) = make_voice(&c, &s.url(""), "bob", &consent).await;
         busy(status, &made);
-        assert!(!store.join("ana.json").exists());
+        assert!(!store.join("bob.json").exists());
         let r = c
-            .delete(s.url("/v1/audio/voices/voice_00000000000000000000000b"))
+            .delete(s.url(&format!("/v1/audio/voices/{ana_id}")))
             .send()
             .await
             .unwrap();
         assert_eq!(r.headers()["retry-after"], "1");
         let status = r.status();
         busy(status, &r.json().await.unwrap());
-        // Still serving meanwhile.
-        assert_eq!(speak(&c, &s, "dave").await, (StatusCode::OK, None));
+        assert_eq!(std::fs::read(store.join("ana.json")).unwrap(), ana_file);
+        // Still serving meanwhile, the voice that was not deleted too.
+        assert_eq!(speak(&c, &s, "ana").await, (StatusCode::OK, None));
 
         drop(held);
-        let (status, made) = make_voice(&c, &s.url(""), "ana", &consent).await;
+        let (status, made) = make_voice(&c, &s.url(""), "bob", &consent).await;
         assert_eq!(status, StatusCode::OK, "{made}");
-        assert_eq!(speak(&c, &s, "ana").await, (StatusCode::OK, None));
+        assert_eq!(speak(&c, &s, "bob").await, (StatusCode::OK, None));
+        let r = c
+            .delete(s.url(&format!("/v1/audio/voices/{ana_id}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(!store.join("ana.json").exists());
+        s.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn changes_queued_behind_a_stuck_writer_each_give_up_after_the_wait() {
+        let store = common::tempdir("shared-voices-queued").join("custom");
+        let wait = Duration::from_millis(500);
+        let s = Server::start_waiting(&store, wait).await;
+        let c = client();
+        let held = StoreLock::acquire(&store).unwrap();
+        // Six changes at once: one waits for the file lock, five for this server's turn. Each
+        // answers once the wait has passed since it came, not a wait after the one before it
+        // (3 s for the last).
+        let t0 = Instant::now();
+        let deletes: Vec<_> = (0..6)
+            .map(|i| {
+                let (c, url) = (
+                    c.clone(),
+                    s.url(&format!("/v1/audio/voices/voice_{i:024x}")),
+                );
+                tokio::spawn(async move {
+                    let r = c.delete(url).send().await.unwrap();
+                    let status = r.status();
+                    let body: Value = r.json().await.unwrap();
+                    (status, body, t0.elapsed())
+                })
+            })
+            .collect();
+        let mut last = Duration::ZERO;
+        for d in deletes {
+            let (status, body, took) = d.await.unwrap();
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+            assert_eq!(body["error"]["code"], "voice_store_busy", "{body}");
+            assert!(took >= wait, "answered after {took:?}");
+            last = last.max(took);
+        }
+        assert!(last < 4 * wait, "the last answered after {last:?}");
+        drop(held);
         s.stop().await;
     }
 }

@@ -60,8 +60,8 @@ pub struct ServerConfig {
     /// the synthesizer's voice directories so they load again after a restart. None: cloning
     /// answers 501.
     pub voice_store: Option<PathBuf>,
-    /// How long a voice creation or deletion waits for the store's lock, which every server
-    /// sharing the store takes; past it the request answers 503 (`voice_store_busy`).
+    /// How long a change to the voice store (voices, consents) waits for its lock, which every
+    /// server sharing the store takes; past it the request answers 503 (`voice_store_busy`).
     pub voice_lock_wait: Duration,
     /// Largest uploaded audio file (a voice sample, a consent recording).
     pub max_upload_bytes: usize,
@@ -229,8 +229,8 @@ pub struct ServeArgs {
     /// repository's voices/custom/).
     #[arg(long, env = "ONEBIT_VOICE_STORE")]
     pub voice_store: Option<PathBuf>,
-    /// Seconds a voice creation or deletion waits for the voice store's lock (held by another
-    /// server sharing the store) before answering 503.
+    /// Seconds a change to the voice store (voices, consents) waits for its lock (held by
+    /// another server sharing the store) before answering 503.
     #[arg(long, env = "ONEBIT_VOICE_LOCK_TIMEOUT_S", default_value_t = 30.0)]
     pub voice_lock_timeout_s: f64,
     /// Largest uploaded audio file in MiB (a voice sample, a consent recording; 413 above).

@@ -230,8 +230,8 @@ impl ApiError {
         )
     }
 
-    /// 503 for a voice change that waited its time for the voice store's lock (another server
-    /// sharing the store holds it).
+    /// 503 for a change to the voice store that waited its time for the store's lock (another
+    /// server sharing the store holds it).
     pub fn store_busy(message: impl Into<String>) -> Self {
         Self {
             retry_after: Some(1),

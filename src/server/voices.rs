@@ -122,16 +122,35 @@ impl Cloning {
     /// the store's file lock ([`StoreLock`]), which every server sharing the store takes: `f`
     /// sees every change any of them made before, and none is made while it runs. The work
     /// itself holds both, so a client that leaves mid-way cannot let the next change in early.
+    /// Both are waited for `lock_wait` in all (changes queued in this process behind a stuck
+    /// writer each give up after it too), then 503 `voice_store_busy`.
     async fn exclusive<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, ApiError> {
         let (store, wait) = (self.store()?.to_path_buf(), self.lock_wait);
-        let one = self.lock.clone().lock_owned().await;
+        let busy = {
+            let path = store.join(crate::voice::LOCK_FILE);
+            move || {
+                let e = VoiceError::StoreBusy {
+                    path: path.clone(),
+                    waited: wait,
+                };
+                ApiError::store_busy(e.to_string())
+            }
+        };
+        let began = tokio::time::Instant::now();
+        let one = match began.checked_add(wait) {
+            Some(deadline) => tokio::time::timeout_at(deadline, self.lock.clone().lock_owned())
+                .await
+                .map_err(|_| busy())?,
+            None => self.lock.clone().lock_owned().await,
+        };
         blocking(move || {
             let _one = one;
-            let _all = StoreLock::acquire_within(&store, wait).map_err(|e| match e {
-                VoiceError::StoreBusy { .. } => ApiError::store_busy(e.to_string()),
+            let left = wait.saturating_sub(began.elapsed());
+            let _all = StoreLock::acquire_within(&store, left).map_err(|e| match e {
+                VoiceError::StoreBusy { .. } => busy(),
                 e => ApiError::internal(e.to_string()),
             })?;
             Ok(f())

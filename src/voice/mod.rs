@@ -256,15 +256,16 @@ impl VoiceStore {
     }
 
     /// `find`'s answer as the disk has it: a voice found whose file is unchanged (one `stat`),
-    /// else what the directories hold once read again (the miss reads them: one listing per
-    /// directory, parsing only new or changed files). `Err` carries the snapshot that answered,
-    /// for its names.
+    /// else what the directories hold once read again (a voice whose file changed: every
+    /// directory listed; a miss: each directory that may have changed; parsing only new or
+    /// changed files). `Err` carries the snapshot that answered, for its names.
     fn resolve<'a>(
         &'a self,
         name: &str,
         find: impl Fn(&'a Self, &str) -> Option<&'a Slot>,
     ) -> Result<&'a Slot, &'a Self> {
-        if let Some(slot) = find(self, name)
+        let found = find(self, name);
+        if let Some(slot) = found
             && slot.is_current()
         {
             return Ok(slot);
@@ -272,7 +273,11 @@ impl VoiceStore {
         let Some(disk) = &self.disk else {
             return Err(self);
         };
-        disk.reread(std::time::Instant::now());
+        match found {
+            // Its file changed: perhaps in place, which moves no directory's mtime.
+            Some(_) => disk.reread_all(std::time::Instant::now()),
+            None => disk.reread(std::time::Instant::now()),
+        }
         let now = disk.generation();
         let mut fresh = self;
         while fresh.generation < now {

@@ -8,12 +8,12 @@
 //!
 //! A lookup that misses reads the directories again before answering, but a directory whose own
 //! identity (its mtime above all: adding, removing or renaming an entry moves it) is the one last
-//! listed, and whose mtime was [`SETTLED`] old when it was listed, holds no new file: that miss
-//! costs one `stat` per directory, so a flood of requests for unknown voices lists nothing. The
-//! settling time covers file systems whose clock moves in ticks (a second or two on some), where
-//! a change in the same tick as the last one would not move the mtime. A voice file edited in
-//! place (not renamed into place, as every writer here does) is seen at the next listing
-//! ([`REVALIDATE`]).
+//! listed, and whose mtime was [`SETTLED`] old when it was listed, holds no new file: the miss
+//! costs one open and `fstat` of that directory instead of a listing, so a flood of requests for
+//! unknown voices adds no listing to the revalidation's (at most one a second, [`REVALIDATE`]).
+//! The settling time covers file systems whose clock moves in ticks (a second or two on some),
+//! where a change in the same tick as the last one would not move the mtime. A lookup that finds
+//! a voice whose file changed reads every directory again (an edit in place moves no mtime).
 //!
 //! [`StoreLock`] is the lock every writer of a store takes (`flock` on [`LOCK_FILE`] in the store),
 //! so a name check and the save after it are one step across processes and machines; a writer
@@ -75,9 +75,12 @@ impl FileId {
             .map(|m| Self::of(&m))
     }
 
-    /// The identity of the directory at `path` now; `None` when there is none.
+    /// The identity of the directory at `path` now; `None` when there is none. Taken through an
+    /// open directory, not a path `stat`: on NFS an open revalidates the attributes with the
+    /// server (close-to-open), where a `stat` may answer from a cache tens of seconds old.
     fn of_dir(path: &Path) -> Option<Self> {
-        fs::metadata(path)
+        fs::File::open(path)
+            .and_then(|d| d.metadata())
             .ok()
             .filter(fs::Metadata::is_dir)
             .map(|m| Self::of(&m))
@@ -187,10 +190,21 @@ impl Disk {
         self.lock().reads
     }
 
+    /// Makes sure the directories were read after `since`, for a lookup that found a voice whose
+    /// file changed (edited in place, it moves no directory's mtime): reads them all unless a
+    /// read that began at or after `since` has completed.
+    pub(super) fn reread_all(&self, since: Instant) {
+        let mut st = self.lock();
+        if st.read_began.is_some_and(|t| t >= since) {
+            return;
+        }
+        self.read_locked(&mut st);
+    }
+
     /// Makes sure the directories' voices are known as they were after `since`, for a lookup
     /// that missed: lists each directory that may have changed since it was last listed (one
-    /// `stat` tells), unless a read or check that began at or after `since` has completed
-    /// (concurrent misses share one).
+    /// open and `fstat` tells), unless a read or check that began at or after `since` has
+    /// completed (concurrent misses share one).
     pub(super) fn reread(&self, since: Instant) {
         let mut st = self.lock();
         if st.checked_began.is_some_and(|t| t >= since) {
@@ -280,7 +294,8 @@ impl DirState {
     fn read(&mut self, reads: &mut DiskReads) -> bool {
         reads.listings += 1;
         // Before listing: a change during the listing then moves the identity from this one.
-        let (before, wall) = (FileId::of_dir(&self.path), SystemTime::now());
+        let wall = SystemTime::now();
+        let before = FileId::of_dir(&self.path);
         self.settled = None;
         // The whole listing first: one entry that cannot be read (a network volume's hiccup)
         // would otherwise count every voice not yet seen as removed.
@@ -380,7 +395,8 @@ impl StoreLock {
             .open(&path)
             .map_err(io)?;
         // std's lock is flock(LOCK_EX) on Linux; closing the file releases it.
-        let deadline = Instant::now() + wait;
+        // None: a wait too long to reckon, for ever in effect.
+        let deadline = Instant::now().checked_add(wait);
         let mut pause = Duration::from_millis(2);
         loop {
             match file.try_lock() {
@@ -388,7 +404,9 @@ impl StoreLock {
                 Err(fs::TryLockError::WouldBlock) => {}
                 Err(fs::TryLockError::Error(e)) => return Err(io(e)),
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
             if left.is_zero() {
                 return Err(VoiceError::StoreBusy { path, waited: wait });
             }
