@@ -201,30 +201,41 @@ debian_mirror() {
   echo "$m"
 }
 
+base_work=""
+# A debootstrap killed midway can leave proc/sys/dev mounted in the root file system: unmount
+# what is under the work directory (deepest first), and never cross into another file system.
+remove_base_work() {
+  [ -n "$base_work" ] && [ -d "$base_work" ] || return 0
+  local m
+  awk -v w="$base_work/" 'index($2, w) == 1 { print $2 }' /proc/mounts | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  rm -rf --one-file-system "$base_work"
+  base_work=""
+}
+
 make_base() {
   [ "$(id -u)" = 0 ] || die "making the base image runs debootstrap, which needs root: run this script as root (or with sudo)"
   need_tools debootstrap:debootstrap
-  local mirror security work rootfs t0
+  local mirror security rootfs t0
   mirror="$(debian_mirror)"
   [ -n "$mirror" ] || die "no Debian mirror in this machine's apt sources (/etc/apt/sources.list.d/*.sources, /etc/apt/sources.list); set ONEBIT_DEBIAN_MIRROR=URL"
   security="$(apt_uri "$suite-security" | head -1)"
   # One private directory for the root file system, debootstrap's log and its wgetrc, removed
-  # on every way out.
-  work="$(mktemp -d "${TMPDIR:-/var/tmp}/onebit-base.XXXXXX")"
-  rootfs="$work/rootfs"
+  # on every way out (global: the EXIT trap runs after this function has returned).
+  base_work="$(mktemp -d "${TMPDIR:-/var/tmp}/onebit-base.XXXXXX")"
+  trap remove_base_work EXIT
+  rootfs="$base_work/rootfs"
   mkdir "$rootfs"
-  # shellcheck disable=SC2064
-  trap "rm -rf '$work'" EXIT
   t0=$SECONDS
   # debootstrap downloads with wget, whose defaults wait 15 minutes on a stalled read and try 20
   # times: a mirror that stops answering would hang the build for hours. Its own wgetrc bounds
   # each wait and try (wget reads $WGETRC; debootstrap passes the environment on).
   printf '%s\n' "timeout = $net_timeout" "tries = 3" "waitretry = 5" "retry_connrefused = on" \
-    > "$work/wgetrc"
+    > "$base_work/wgetrc"
   say "making $base: debootstrap --variant=minbase $suite from $mirror (about a minute)"
-  WGETRC="$work/wgetrc" debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" \
-    > "$work/debootstrap.log" 2>&1 ||
-    { tail -20 "$work/debootstrap.log" >&2; die "debootstrap failed"; }
+  WGETRC="$base_work/wgetrc" debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" \
+    > "$base_work/debootstrap.log" 2>&1 ||
+    { tail -20 "$base_work/debootstrap.log" >&2; die "debootstrap failed"; }
   # The image's apt sources: the same mirror with the updates suite, and the security mirror
   # where the machine has one, so the build can install and upgrade.
   rm -f "$rootfs/etc/apt/sources.list"
@@ -242,7 +253,7 @@ make_base() {
     podman import --change 'CMD ["/bin/bash"]' \
       --change "LABEL org.opencontainers.image.description=Debian $suite minbase (debootstrap)" \
       - "$base" >/dev/null
-  rm -rf "$work"
+  remove_base_work
   trap - EXIT
   say "made $base in $((SECONDS - t0)) s"
 }

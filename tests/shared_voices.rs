@@ -414,6 +414,19 @@ fn a_miss_lists_only_a_directory_that_may_have_changed_and_parses_no_unchanged_f
     );
     assert_eq!(*store.get("v03").unwrap(), edited);
     assert_eq!(store.disk_reads().listings, listed + 1);
+
+    // A file that is not a valid voice keeps its directory listed on every miss, so mending
+    // it in place is seen by the next lookup.
+    let bad = dir.join("mended.json");
+    std::fs::write(&bad, b"{\"name\": ").unwrap();
+    set_mtime(&dir, long_ago);
+    assert!(store.get("mended").is_err());
+    let listed = store.disk_reads().listings;
+    assert!(store.get("nobody").is_err());
+    assert_eq!(store.disk_reads().listings, listed + 1, "listed again");
+    let mended = voice("mended", "voice_0000000000000000000000aa", 600);
+    std::fs::write(&bad, serde_json::to_vec_pretty(&mended).unwrap()).unwrap();
+    assert_eq!(*store.get("mended").unwrap(), mended);
 }
 
 #[test]
@@ -773,13 +786,16 @@ mod servers {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn changes_queued_behind_a_stuck_writer_each_give_up_after_the_wait() {
         let store = common::tempdir("shared-voices-queued").join("custom");
-        let wait = Duration::from_millis(500);
+        let wait = Duration::from_secs(1);
         let s = Server::start_waiting(&store, wait).await;
         let c = client();
+        // Serving (its start, the encoder's load, is not part of what is timed below).
+        let (status, _) = get(&c, &s, "/v1/audio/voices").await;
+        assert_eq!(status, StatusCode::OK);
         let held = StoreLock::acquire(&store).unwrap();
         // Six changes at once: one waits for the file lock, five for this server's turn. Each
         // answers once the wait has passed since it came, not a wait after the one before it
-        // (3 s for the last).
+        // (6 s for the last).
         let t0 = Instant::now();
         let deletes: Vec<_> = (0..6)
             .map(|i| {
@@ -803,7 +819,7 @@ mod servers {
             assert!(took >= wait, "answered after {took:?}");
             last = last.max(took);
         }
-        assert!(last < 4 * wait, "the last answered after {last:?}");
+        assert!(last < 3 * wait, "the last answered after {last:?}");
         drop(held);
         s.stop().await;
     }

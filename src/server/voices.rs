@@ -384,7 +384,7 @@ impl From<ConsentError> for ApiError {
 /// `POST /v1/audio/voice_consents`: `name`, `language`, `recording`.
 pub(super) async fn create_consent(State(st): State<Arc<AppState>>, request: Request) -> Response {
     reply(async {
-        let _upload = st.cloning.uploads.acquire().await;
+        let upload = st.cloning.uploads.acquire().await;
         let form = read_form(&st, request, false, "recording").await?;
         let consents = st.cloning.consents()?;
         let name = form
@@ -405,6 +405,9 @@ pub(super) async fn create_consent(State(st): State<Arc<AppState>>, request: Req
         }
         let bytes = recording.bytes.clone();
         let ext = recording.extension().map(str::to_owned);
+        // The upload place bounds reading and decoding, not the store's lock: held through the
+        // lock's wait, uploads queued behind a stuck writer would wait one wait after another.
+        drop(upload);
         let c = st
             .cloning
             .exclusive(move || {
@@ -535,7 +538,7 @@ fn clone_error(e: CloneError) -> ApiError {
 /// words of the sample), optional `language` (else the consent's) and `type` (`audio_sample`).
 pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Request) -> Response {
     reply(async {
-        let _upload = st.cloning.uploads.acquire().await;
+        let upload = st.cloning.uploads.acquire().await;
         let form = read_form(&st, request, false, "audio_sample").await?;
         let store = st.cloning.store()?.to_path_buf();
         if let Err(e) = &st.cloning.encoder {
@@ -655,6 +658,8 @@ pub(super) async fn create_voice(State(st): State<Arc<AppState>>, request: Reque
         })
         .await??;
         let st2 = st.clone();
+        // Encoded: the store's lock is waited for without the upload place (see create_consent).
+        drop(upload);
         let (voice, warnings) = st
             .cloning
             .exclusive(move || -> Result<(Voice, Vec<String>), ApiError> {

@@ -48,7 +48,7 @@ pub enum VoiceError {
         dir: PathBuf,
     },
     #[error(
-        "{}: another writer holds the voice store's lock; gave up after waiting {} ms, try again later",
+        "{}: the voice store is busy (another change holds its lock); gave up after waiting {} ms, try again later",
         .path.display(),
         .waited.as_millis()
     )]

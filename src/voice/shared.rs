@@ -29,9 +29,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::{Voice, VoiceError};
 
-/// How old a listing may be: a store's directories are read again when a listing asks and the
-/// last read began longer ago than this (`FrontEnd::voices`). A lookup that misses, or finds a
-/// voice whose file changed, reads them again at once.
+/// How old a listing may be: a store's directories are read again whenever a request uses the
+/// voices (`FrontEnd::voices`: speech, listings, lookups, changes) and the last read began
+/// longer ago than this. A lookup that misses, or finds a voice whose file changed, reads them
+/// again at once.
 pub const REVALIDATE: Duration = Duration::from_secs(1);
 
 /// How old a directory's mtime must be, when it is listed, for a later miss to trust it
@@ -354,9 +355,15 @@ impl DirState {
             let id = (FileId::now(&path) == Some(id)).then_some(id);
             self.files.insert(file, FileState { id, voice });
         }
-        // A file that changed while it was read is read again by the next miss too.
-        self.settled =
-            before.filter(|d| d.settled_at(wall) && self.files.values().all(|f| f.id.is_some()));
+        // A file that changed while it was read, or that is not a valid voice (it may be
+        // mended in place, which moves no mtime), is read again by the next miss too.
+        self.settled = before.filter(|d| {
+            d.settled_at(wall)
+                && self
+                    .files
+                    .values()
+                    .all(|f| f.id.is_some() && f.voice.is_some())
+        });
         changed || !old.is_empty()
     }
 }
