@@ -598,6 +598,14 @@ mod servers {
         consent["id"].as_str().unwrap().to_owned()
     }
 
+    /// `DELETE /v1/audio/voices/{id}` through `s`.
+    async fn delete_voice(c: &Client, s: &Server, id: &str) -> reqwest::Response {
+        c.delete(s.url(&format!("/v1/audio/voices/{id}")))
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// `POST /v1/audio/voices` to the server at `base` (`http://ADDR`).
     async fn make_voice(c: &Client, base: &str, name: &str, consent: &str) -> (StatusCode, Value) {
         let wav = tone_wav();
@@ -683,24 +691,17 @@ mod servers {
         let (status, dup) = make_voice(&c, &b.url(""), "ana", &consent).await;
         assert_eq!(status, StatusCode::CONFLICT, "{dup}");
         assert_eq!(dup["error"]["code"], "voice_exists");
-        let r = c
-            .delete(a.url(&format!("/v1/audio/voices/{id}")))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(delete_voice(&c, &a, &id).await.status(), StatusCode::OK);
         let unknown = (StatusCode::BAD_REQUEST, Some("unknown_voice".to_owned()));
         assert_eq!(speak(&c, &b, "ana").await, unknown);
         assert_eq!(speak(&c, &b, &id).await, unknown);
         let (status, _) = get(&c, &b, &format!("/v1/audio/voices/{id}")).await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         // Deleting it again through B: gone there too.
-        let r = c
-            .delete(b.url(&format!("/v1/audio/voices/{id}")))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            delete_voice(&c, &b, &id).await.status(),
+            StatusCode::NOT_FOUND
+        );
 
         // Both create one name at once: exactly one wins, the other gets the duplicate's 409.
         let barrier = Arc::new(tokio::sync::Barrier::new(2));
@@ -757,11 +758,7 @@ mod servers {
         let (status, made) = make_voice(&c, &s.url(""), "bob", &consent).await;
         busy(status, &made);
         assert!(!store.join("bob.json").exists());
-        let r = c
-            .delete(s.url(&format!("/v1/audio/voices/{ana_id}")))
-            .send()
-            .await
-            .unwrap();
+        let r = delete_voice(&c, &s, &ana_id).await;
         assert_eq!(r.headers()["retry-after"], "1");
         let status = r.status();
         busy(status, &r.json().await.unwrap());
@@ -773,12 +770,7 @@ mod servers {
         let (status, made) = make_voice(&c, &s.url(""), "bob", &consent).await;
         assert_eq!(status, StatusCode::OK, "{made}");
         assert_eq!(speak(&c, &s, "bob").await, (StatusCode::OK, None));
-        let r = c
-            .delete(s.url(&format!("/v1/audio/voices/{ana_id}")))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(delete_voice(&c, &s, &ana_id).await.status(), StatusCode::OK);
         assert!(!store.join("ana.json").exists());
         s.stop().await;
     }

@@ -98,6 +98,14 @@ impl FileId {
     }
 }
 
+/// Which directories a read lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dirs {
+    All,
+    /// Those whose identity moved, or was not settled, since their last listing.
+    MayHaveChanged,
+}
+
 /// One `*.json` file as last read.
 #[derive(Debug)]
 struct FileState {
@@ -211,18 +219,7 @@ impl Disk {
         if st.checked_began.is_some_and(|t| t >= since) {
             return;
         }
-        let began = Instant::now();
-        let mut changed = false;
-        let State { dirs, reads, .. } = &mut *st;
-        for d in dirs.iter_mut() {
-            if d.settled.is_none() || d.settled != FileId::of_dir(&d.path) {
-                changed |= d.read(reads);
-            }
-        }
-        st.checked_began = Some(began);
-        if changed {
-            self.generation.fetch_add(1, Ordering::AcqRel);
-        }
+        self.read_dirs(&mut st, Dirs::MayHaveChanged);
     }
 
     /// Reads the directories if the last read began `max_age` ago or more.
@@ -244,13 +241,23 @@ impl Disk {
     }
 
     fn read_locked(&self, st: &mut State) {
+        self.read_dirs(st, Dirs::All);
+    }
+
+    /// Lists `which` directories, bumping the generation when anything changed.
+    fn read_dirs(&self, st: &mut State, which: Dirs) {
         let began = Instant::now();
         let mut changed = false;
         let State { dirs, reads, .. } = &mut *st;
         for d in dirs.iter_mut() {
-            changed |= d.read(reads);
+            let unchanged = || d.settled.is_some() && d.settled == FileId::of_dir(&d.path);
+            if which == Dirs::All || !unchanged() {
+                changed |= d.read(reads);
+            }
         }
-        st.read_began = Some(began);
+        if which == Dirs::All {
+            st.read_began = Some(began);
+        }
         st.checked_began = Some(began);
         if changed {
             self.generation.fetch_add(1, Ordering::AcqRel);
