@@ -32,5 +32,7 @@ cargo test --locked
 rm -rf "$root/target/replicas-dist"
 bash scripts/package.sh --binary "$root/target/debug/onebit-tts" --out "$root/target/replicas-dist"
 bash scripts/replicas-test.sh "$root"/target/replicas-dist/onebit-tts-*-linux-x86_64.tar.gz
+# The image build's choices per variant (bases, the Mesa check, the npu cache), offline (~1 s).
+bash scripts/image-check.sh
 bash scripts/k8s-check.sh
 K8S_PLAY_IMAGE=onebit-tts:replicas-test bash scripts/k8s-check.sh --play
