@@ -88,24 +88,24 @@ def err(msg):
     errors.append(msg)
 
 
-def only(kind):
-    found = [d for d in docs if d.get("kind") == kind]
+def only(kind, prefix=""):
+    found = [
+        d for d in docs if d.get("kind") == kind and d["metadata"]["name"].startswith(prefix)
+    ]
     if len(found) != 1:
-        err(f"expected one {kind}, found {len(found)}")
+        err(f"expected one {kind}{' ' + prefix + '*' if prefix else ''}, found {len(found)}")
         return None
     return found[0]
 
 
+# One of each; of ConfigMaps, one with the server's settings (the npu overlay adds xrt.ini's).
 dep, svc, hpa, pdb, cm, secret = (
-    only(k)
-    for k in (
-        "Deployment",
-        "Service",
-        "HorizontalPodAutoscaler",
-        "PodDisruptionBudget",
-        "ConfigMap",
-        "Secret",
-    )
+    only("Deployment"),
+    only("Service"),
+    only("HorizontalPodAutoscaler"),
+    only("PodDisruptionBudget"),
+    only("ConfigMap", "onebit-tts-config"),
+    only("Secret"),
 )
 if errors:
     sys.exit(f"{name}: " + "; ".join(errors))
@@ -291,9 +291,54 @@ startup = sp.get("periodSeconds", 10) * sp.get("failureThreshold", 3)
 if env.get("ONEBIT_DEVICE") == "npu" and startup < seconds(env.get("ONEBIT_LOAD_TIMEOUT_S"), 900):
     err(f"the startup probe gives {startup} s, less than the NPU load timeout")
 
+if csc.get("readOnlyRootFilesystem") is not True:
+    err("the root file system must be read-only (what is written has a volume of its own)")
+
+device = env.get("ONEBIT_DEVICE")
+# The NPU compile cache: ONEBIT_NPU_CACHE_DIR on a writable volume of its own, so the models
+# volume and the root file system stay read-only.
+if device == "npu":
+    cache = env.get("ONEBIT_NPU_CACHE_DIR")
+    m = mount_of(cache) if cache else None
+    if not cache:
+        err("the NPU route needs ONEBIT_NPU_CACHE_DIR (its compile cache) set")
+    elif not m or m.get("readOnly"):
+        err(f"ONEBIT_NPU_CACHE_DIR {cache} is not on a writable volume")
+    elif model and mount_of(model) is m:
+        err(f"ONEBIT_NPU_CACHE_DIR {cache} is on the models volume, which is read-only")
+# XRT_INI_PATH: a file of a mounted ConfigMap that sets [Debug] num_heap_pages.
+ini = env.get("XRT_INI_PATH")
+if ini:
+    m = mount_of(ini)
+    vol = volumes.get(m["name"], {}) if m else {}
+    if "configMap" not in vol:
+        err(f"XRT_INI_PATH {ini} is not on a ConfigMap volume")
+    else:
+        data = objects.get(("ConfigMap", vol["configMap"]["name"]), {}).get("data", {})
+        text = data.get(os.path.relpath(ini, m["mountPath"]))
+        if text is None:
+            err(f"the ConfigMap {vol['configMap']['name']} has no key for XRT_INI_PATH {ini}")
+        else:
+            section, pages = None, None
+            for line in text.splitlines():
+                line = line.strip()
+                if not line or line[0] in ";#":
+                    continue
+                if line.startswith("[") and line.endswith("]"):
+                    section = line[1:-1].strip()
+                elif section == "Debug" and line.partition("=")[0].strip() == "num_heap_pages":
+                    pages = line.partition("=")[2].strip()
+            if pages is None or not pages.isdigit() or int(pages) < 1:
+                err(f"XRT_INI_PATH {ini} sets no [Debug] num_heap_pages (got {pages})")
+
 image = c["image"]
 if not image.split("/")[-1].startswith("onebit-tts:"):
     err(f"unexpected image {image}")
+# Each accelerator's image variant (scripts/image.sh): the vulkan one carries Mesa >= 24.1, the
+# npu one is Ubuntu 24.04 with the NPU cache directory.
+for dev in ("vulkan", "npu"):
+    if device == dev and not image.endswith(f"-{dev}"):
+        err(f"ONEBIT_DEVICE={dev} needs the {dev} image (a tag ending -{dev}), not {image}")
 
 if errors:
     sys.exit(f"{name}:\n  " + "\n  ".join(errors))
