@@ -97,6 +97,10 @@ fn env_in_amds_order_when_the_worker_has_no_provider_copy() {
                     "/opt/ryzenai/venv/deployment/lib/libonnxruntime_providers_ryzenai.so"
                 )
             ),
+            (
+                "RYZEN_AI_INSTALLATION_PATH",
+                OsString::from("/opt/ryzenai/venv")
+            ),
         ]
     );
 }
@@ -282,6 +286,8 @@ fn fake_system(t: &TempDir) -> DoctorInputs {
         xrt_root_knob: Some(xrt),
         xilinx_xrt: None,
         worker_exe: Some(t.0.join("bin/onebit-tts")),
+        xrt_ini: None,
+        cwd: None,
         probed: None,
     }
 }
@@ -324,7 +330,7 @@ fn doctor_passes_a_ready_box() {
         "{text}"
     );
     assert!(
-        text.ends_with("npu doctor: 19 pass, 0 warn, 0 fail, 1 skip\n"),
+        text.ends_with("npu doctor: 20 pass, 0 warn, 0 fail, 1 skip\n"),
         "{text}"
     );
 }
@@ -422,9 +428,9 @@ fn residency_proven_from_placement_and_the_workers_own_busy_time() {
     fake_fd(&roots, 4321, &roots.accel_node());
     fake_fdinfo(&roots, 4321, 1_000);
     let mut notes = Vec::new();
-    let before = sample_accel(4321, &roots, &mut notes);
+    let before = sample_accel(4321, &roots, None, &mut notes);
     fake_fdinfo(&roots, 4321, 901_000);
-    let after = sample_accel(4321, &roots, &mut notes);
+    let after = sample_accel(4321, &roots, None, &mut notes);
     assert!(notes.is_empty(), "{notes:?}");
     assert_eq!(before.as_ref().map(|u| u.fds), Some(1));
     let r = weigh_npu(Evidence {
@@ -457,7 +463,7 @@ fn an_open_accel_fd_without_placement_proves_nothing() {
     fake_fdinfo(&roots, 4321, 1_000);
     let mut notes = Vec::new();
     let mem_before = sample_mem_usage(&roots, &mut notes);
-    let before = sample_accel(4321, &roots, &mut notes);
+    let before = sample_accel(4321, &roots, None, &mut notes);
     fake_fdinfo(&roots, 4321, 2_000);
     write(&roots.mem_usage(), "734003200\n");
     let r = weigh_npu(Evidence {
@@ -467,7 +473,7 @@ fn an_open_accel_fd_without_placement_proves_nothing() {
                 .collect(),
         )),
         accel_before: before,
-        accel_after: sample_accel(4321, &roots, &mut notes),
+        accel_after: sample_accel(4321, &roots, None, &mut notes),
         decode_steps: 8,
         mem_usage_before: mem_before,
         mem_usage_after: sample_mem_usage(&roots, &mut notes),
@@ -489,8 +495,8 @@ fn an_open_accel_fd_without_placement_proves_nothing() {
     let mut notes = Vec::new();
     let r = weigh_npu(Evidence {
         placement: placed_on_npu(1),
-        accel_before: sample_accel(4321, &roots, &mut notes),
-        accel_after: sample_accel(999_999, &roots, &mut notes),
+        accel_before: sample_accel(4321, &roots, None, &mut notes),
+        accel_after: sample_accel(999_999, &roots, None, &mut notes),
         mem_usage_before: sample_mem_usage(&roots, &mut notes),
         notes,
         ..Evidence::default()
@@ -948,4 +954,63 @@ fn npu_check_waits_for_the_lock_then_reports_the_run() {
     assert_eq!(status_of("kernel log").as_deref(), Some("FAIL"));
     assert_eq!(status_of("kernel log (other)").as_deref(), Some("WARN"));
     assert_eq!(status_of("health"), None, "SERVE=0 starts no server");
+}
+
+/// Set in the child that [`a_process_with_an_npu_session_refuses_fork_and_exec`] re-executes.
+const GUARD_CHILD: &str = "ONEBIT_TEST_FORK_GUARD_CHILD";
+
+/// The guard in a real process (the test binary run again for this test alone, so the filter
+/// never touches the harness running the other tests): once forbidden, spawning a program,
+/// `fork` and `vfork`-style spawns fail with EPERM and nothing runs, while threads still start.
+#[test]
+fn a_process_with_an_npu_session_refuses_fork_and_exec() {
+    use onebit_tts::npu::fork_guard;
+    if std::env::var_os(GUARD_CHILD).is_some() {
+        assert!(
+            Command::new("true").status().is_ok(),
+            "spawns before the guard"
+        );
+        fork_guard::forbid().expect("forbid");
+        assert!(fork_guard::forbidden());
+        fork_guard::forbid().expect("a second call is a no-op");
+        let marker = std::env::temp_dir().join(format!("onebit-guard-{}", std::process::id()));
+        let e = Command::new("touch")
+            .arg(&marker)
+            .status()
+            .expect_err("spawn refused");
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        assert!(!marker.exists(), "the refused program ran");
+        // SAFETY: fork in a test process; the child (if the guard failed) exits at once.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: only in a child the guard failed to stop.
+            unsafe { libc::_exit(0) };
+        }
+        assert_eq!(pid, -1, "fork went through");
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EPERM)
+        );
+        let t = std::thread::spawn(|| 6 * 7);
+        assert_eq!(t.join().expect("thread"), 42, "threads still start");
+        println!("guard child: refused as it should");
+        return;
+    }
+    let out = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "a_process_with_an_npu_session_refuses_fork_and_exec",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(GUARD_CHILD, "1")
+        .output()
+        .expect("run the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("guard child: refused as it should"),
+        "{:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -124,6 +124,53 @@ fn probe_on_a_declining_provider_says_unproven_and_everything_reached_it() {
     assert!(event(&recs, "compute").is_empty());
 }
 
+/// With a compile-cache directory named, the session's model_root is a mirror there (links to
+/// the package's files, a writable `.cache/` of its own seeded from the package's), the
+/// provider loads through it, and the package is not written.
+#[test]
+fn the_npu_session_compiles_into_the_named_cache_not_the_model_directory() {
+    let t = common::tempdir("npu-probe-cache");
+    let pkg = npu_package(&t);
+    std::fs::create_dir_all(pkg.join(".cache")).expect("mkdir");
+    std::fs::write(pkg.join(".cache/shipped.bin"), "compiled by AMD").expect("write");
+    let cache = t.join("npu-cache");
+    let rec = t.join("record.jsonl");
+    let stub = common::stub_ep();
+    let (out, j) = probe(
+        &pkg,
+        &[
+            ("RYZENAI_EP_PATH", stub.to_str().unwrap()),
+            ("ONEBIT_STUB_EP_MODE", "decline"),
+            ("ONEBIT_STUB_EP_RECORD", rec.to_str().unwrap()),
+            ("ONEBIT_NPU_CACHE_DIR", cache.to_str().unwrap()),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+    assert_eq!(j["residency"]["state"], "unproven");
+    let recs = records(&rec);
+    let eps = event(&recs, "create_ep");
+    let root = PathBuf::from(eps[0]["config"]["model_root"].as_str().expect("model_root"));
+    assert_eq!(root.parent(), Some(cache.as_path()), "{root:?}");
+    let canonical = std::fs::canonicalize(&pkg).expect("canonical");
+    assert_eq!(
+        std::fs::read_link(root.join("model.onnx")).expect("a link"),
+        canonical.join("model.onnx")
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join(".cache/shipped.bin")).expect("seeded"),
+        "compiled by AMD"
+    );
+    assert!(
+        !root
+            .join(".cache")
+            .symlink_metadata()
+            .expect("cache")
+            .is_symlink(),
+        "the cache is a directory of its own"
+    );
+}
+
 #[test]
 fn probe_on_a_claiming_provider_sees_the_nodes_but_no_device_activity() {
     let t = common::tempdir("npu-probe-claim");
@@ -166,11 +213,11 @@ fn probe_on_a_claiming_provider_sees_the_nodes_but_no_device_activity() {
         reasons.contains("of the weights (at least 50% needed"),
         "{reasons}"
     );
-    // The worker holds no accel fd in this tree: no hardware context of its own, and so no
-    // counters to read; never a pass.
+    // This machine has no accel node: no counters to read (the worker's own reader could not
+    // open one); never a pass.
     assert_eq!(j["npu_counters"]["state"], "unavailable", "{j}");
     assert!(
-        reasons.contains("hardware-context counters unavailable: this process holds no fd on"),
+        reasons.contains("hardware-context counters unavailable: /dev/accel/accel0 does not exist"),
         "{reasons}"
     );
 }
@@ -202,6 +249,24 @@ fn no_provider_library_is_a_failed_setup_that_names_the_path() {
     assert!(
         reasons.contains("registering the provider library"),
         "{reasons}"
+    );
+    // The counters were not read, and the report says why (issue 54, item 4).
+    assert_eq!(j["npu_counters"]["state"], "not_read");
+    let why = j["npu_counters"]["reason"].as_str().expect("a reason");
+    assert!(
+        why.starts_with("no NPU work ran: the provider could not be set up (")
+            && why.contains(missing.to_str().unwrap()),
+        "{why}"
+    );
+    // The same in the human report.
+    let out = common::cli_with(
+        &["-q", "npu", "probe", "--model", pkg.to_str().unwrap()],
+        &[("RYZENAI_EP_PATH", missing.to_str().unwrap())],
+    );
+    let text = common::stdout(&out);
+    assert!(
+        text.contains("NPU counters       unknown (not read: no NPU work ran: the provider could not be set up ("),
+        "{text}"
     );
 }
 

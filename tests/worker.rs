@@ -1116,6 +1116,11 @@ fn expected(plan: &EnvPlan) -> Vec<(String, Option<String>)> {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), Some(v.to_string_lossy().into_owned())))
         .collect();
+    // Reported beside the plan's: XRT's configuration file, as the worker inherits it.
+    v.push((
+        "XRT_INI_PATH".to_owned(),
+        std::env::var("XRT_INI_PATH").ok(),
+    ));
     v.sort();
     v
 }
@@ -1177,7 +1182,14 @@ fn the_npu_worker_gets_exactly_the_planned_environment() {
             Some(bin_dir.join(PROVIDER_FILE).display().to_string())
         )
     );
-    assert_eq!(env[2], ("XILINX_XRT".into(), Some("/elsewhere/xrt".into())));
+    assert_eq!(
+        env[2],
+        (
+            "RYZEN_AI_INSTALLATION_PATH".into(),
+            Some(t.venv.display().to_string())
+        )
+    );
+    assert_eq!(env[3], ("XILINX_XRT".into(), Some("/elsewhere/xrt".into())));
     assert!(
         err.to_string()
             .contains(&bin_dir.join(PROVIDER_FILE).display().to_string())
@@ -1206,15 +1218,21 @@ fn the_npu_worker_gets_exactly_the_planned_environment() {
     inputs.ryzenai_root = None;
     assert!(matches!(worker_env(&inputs), Ok(EnvPlan::Unchanged(_))));
     let (env, _) = npu_worker(&t, inputs);
-    let ours: Vec<(String, Option<String>)> = ["LD_LIBRARY_PATH", "RYZENAI_EP_PATH", "XILINX_XRT"]
-        .iter()
-        .map(|k| {
-            (
-                (*k).to_owned(),
-                std::env::var_os(k).map(|v: OsString| v.to_string_lossy().into_owned()),
-            )
-        })
-        .collect();
+    let ours: Vec<(String, Option<String>)> = [
+        "LD_LIBRARY_PATH",
+        "RYZENAI_EP_PATH",
+        "RYZEN_AI_INSTALLATION_PATH",
+        "XILINX_XRT",
+        "XRT_INI_PATH",
+    ]
+    .iter()
+    .map(|k| {
+        (
+            (*k).to_owned(),
+            std::env::var_os(k).map(|v: OsString| v.to_string_lossy().into_owned()),
+        )
+    })
+    .collect();
     assert_eq!(env, ours);
     let _ = fs::remove_dir_all(&t.root);
 }

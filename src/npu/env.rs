@@ -18,6 +18,7 @@
 //!   wheel was seen to win over the installed XRT and break the device), `<xrt>/lib` goes first
 //!   and the plan says why. No empty entries (an empty entry means "the current directory" to
 //!   ld.so), no duplicates (first one wins);
+//! - RYZEN_AI_INSTALLATION_PATH = the venv, as AMD's venv activation exports it;
 //! - RYZENAI_EP_PATH = the user's own when set (onnxruntime-genai always takes it first), else the
 //!   provider library beside the worker if there, else in the venv.
 //!
@@ -42,6 +43,9 @@ pub const XILINX_XRT_VAR: &str = "XILINX_XRT";
 pub const LD_LIBRARY_PATH_VAR: &str = "LD_LIBRARY_PATH";
 /// Read by onnxruntime-genai (and by our engine) to find the provider library.
 pub const RYZENAI_EP_PATH_VAR: &str = "RYZENAI_EP_PATH";
+/// The RyzenAI venv root, as AMD's venv activation exports it (AMD's Linux instructions and
+/// tools read it to find the installation).
+pub const RYZEN_AI_INSTALLATION_PATH_VAR: &str = "RYZEN_AI_INSTALLATION_PATH";
 /// Where the vendor's XRT packages install.
 pub const DEFAULT_XRT_ROOT: &str = "/opt/xilinx/xrt";
 
@@ -139,6 +143,8 @@ pub struct WorkerEnv {
     pub ryzenai_ep_path: PathBuf,
     /// RYZENAI_EP_PATH is the one the user exported.
     pub ep_path_from_user: bool,
+    /// RYZEN_AI_INSTALLATION_PATH: the venv (ONEBIT_RYZENAI_ROOT).
+    pub ryzen_ai_installation_path: PathBuf,
     /// The worker's directory holds its own provider copy (it was built against the venv).
     pub provider_beside_worker: bool,
     /// Why `<xrt>/lib` was put before the venv's libraries, against AMD's order (`None`: AMD's
@@ -183,6 +189,10 @@ impl EnvPlan {
                     RYZENAI_EP_PATH_VAR,
                     w.ryzenai_ep_path.clone().into_os_string(),
                 ),
+                (
+                    RYZEN_AI_INSTALLATION_PATH_VAR,
+                    w.ryzen_ai_installation_path.clone().into_os_string(),
+                ),
             ],
         }
     }
@@ -202,7 +212,8 @@ impl fmt::Display for EnvPlan {
             EnvPlan::Unchanged(why) => write!(f, "worker env: unchanged ({why})"),
             EnvPlan::Set(w) => write!(
                 f,
-                "worker env: XILINX_XRT={} ({}) LD_LIBRARY_PATH={}{} RYZENAI_EP_PATH={}{}",
+                "worker env: XILINX_XRT={} ({}) LD_LIBRARY_PATH={}{} RYZENAI_EP_PATH={}{} \
+                 RYZEN_AI_INSTALLATION_PATH={}",
                 w.xilinx_xrt.display(),
                 w.xrt_source,
                 Path::new(&w.ld_library_path).display(),
@@ -217,7 +228,8 @@ impl fmt::Display for EnvPlan {
                     " (provider beside the worker)"
                 } else {
                     ""
-                }
+                },
+                w.ryzen_ai_installation_path.display()
             ),
         }
     }
@@ -295,6 +307,7 @@ pub fn worker_env(inputs: &EnvInputs) -> Result<EnvPlan, NpuError> {
         ld_library_path,
         ryzenai_ep_path,
         ep_path_from_user: inputs.ryzenai_ep_path.is_some(),
+        ryzen_ai_installation_path: venv.to_path_buf(),
         provider_beside_worker: beside.is_some(),
         xrt_first,
     }))
@@ -625,7 +638,7 @@ mod tests {
         let mut cmd = Command::new("true");
         plan.apply(&mut cmd);
         let vars: Vec<_> = cmd.get_envs().collect();
-        assert_eq!(vars.len(), 3);
+        assert_eq!(vars.len(), 4);
         let line = plan.to_string();
         assert!(
             line.contains("XILINX_XRT=/opt/xilinx/xrt (default)"),

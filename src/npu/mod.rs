@@ -7,6 +7,8 @@
 //!   tests run over fake trees.
 //! - [`residency`]: the proof that the model really sits on the NPU (a passing run is not).
 //! - [`doctor`]: one PASS/WARN/FAIL line per known Linux NPU blocker, each failure with its fix.
+//! - [`cache`]: where the session's compile cache lives (never the read-only model directory).
+//! - [`fork_guard`]: once a session exists, its process refuses fork and exec.
 //! - [`accel`]: whether a process holds the NPU's accel node, the fact behind the worker
 //!   supervisor's "never SIGKILL an NPU holder".
 //! - [`supervisor`]: the lifecycle of any worker child (the engine's, the doctor's `xrt-smi`):
@@ -17,8 +19,10 @@
 //! side of the same story.
 
 pub mod accel;
+pub mod cache;
 pub mod doctor;
 pub mod env;
+pub mod fork_guard;
 pub mod residency;
 pub mod roots;
 pub mod supervisor;

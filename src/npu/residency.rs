@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::accel::accel_fds;
 use super::roots::SystemRoots;
-use super::xdna::{self, HwContexts};
+use super::xdna::{self, HwContexts, Ours};
 use super::{NpuError, PROVIDER_NAME};
 
 /// The share of the model's weights the provider must hold for its placement to count.
@@ -219,33 +219,162 @@ impl Counters {
     }
 }
 
-/// Reads the hardware-context counters through one of `pid`'s own accel fds (a duplicate: the
-/// same DRM client, so the reading adds no client to the driver). Only the process itself may
-/// do this (the fds are its own).
-pub fn sample_counters(roots: &SystemRoots) -> Counters {
-    let pid = std::process::id();
-    let fds = match accel_fds(pid, roots) {
-        Ok(f) => f,
-        Err(e) => {
-            return Counters::Failed {
-                reason: format!("this process's fds: {e}"),
-            };
+/// This process's own reader of the hardware-context counters: an fd it opened on the accel
+/// node for the purpose and keeps for its life, a DRM client with no contexts. Never a
+/// duplicate of XRT's fd: closing a duplicate runs amdxdna's flush on XRT's client, which
+/// destroys the session's contexts ([`xdna::AccelFd`]).
+pub struct CounterReader {
+    dev: Box<dyn xdna::Ioctl>,
+    fd: Option<i32>,
+}
+
+/// The fd of this process's open [`CounterReader`] on the real node (-1: none), so that "does
+/// this process hold the NPU" can leave out a client that holds no context.
+static OWN_READER_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// This process's own counter reader's fd, if one is open.
+pub fn own_reader_fd() -> Option<i32> {
+    let fd = OWN_READER_FD.load(std::sync::atomic::Ordering::Acquire);
+    (fd >= 0).then_some(fd)
+}
+
+impl Drop for CounterReader {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd {
+            let _ = OWN_READER_FD.compare_exchange(
+                fd,
+                -1,
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+            );
         }
-    };
-    let Some(&fd) = fds.first() else {
-        return Counters::Unavailable {
-            reason: format!(
-                "this process holds no fd on {}, so no hardware context of its own",
-                roots.accel_node().display()
-            ),
-        };
-    };
-    match xdna::AccelFd::dup(fd as i32) {
-        Ok(dev) => counters_from(&dev),
-        Err(e) => Counters::Failed {
-            reason: format!("duplicating accel fd {fd}: {e}"),
-        },
     }
+}
+
+impl CounterReader {
+    /// Opens the accel node under `roots`. `Err` is the reading every later sample reports: the
+    /// node is missing (unavailable), or it would not open (failed).
+    pub fn open(roots: &SystemRoots) -> Result<Self, Counters> {
+        let node = roots.accel_node();
+        match xdna::AccelFd::open(&node) {
+            Ok(fd) => {
+                OWN_READER_FD.store(fd.raw(), std::sync::atomic::Ordering::Release);
+                Ok(CounterReader {
+                    fd: Some(fd.raw()),
+                    dev: Box::new(fd),
+                })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Counters::Unavailable {
+                reason: format!("{} does not exist", node.display()),
+            }),
+            Err(e) => Err(Counters::Failed {
+                reason: format!("opening {} for the counters: {e}", node.display()),
+            }),
+        }
+    }
+
+    /// A reader on a device the caller opened (tests: a fake node).
+    pub fn on(dev: Box<dyn xdna::Ioctl>) -> Self {
+        CounterReader { dev, fd: None }
+    }
+
+    pub fn read(&self) -> Counters {
+        counters_from(self.dev.as_ref())
+    }
+}
+
+/// What a process with an NPU session watches for its life: its own [`CounterReader`], the
+/// reading taken before the session was created (the contexts that appear after it are the
+/// session's), and the session's contexts once the evidence run identified them.
+pub struct NpuWatch {
+    reader: Result<CounterReader, Counters>,
+    own_pid: i64,
+    at_load: Counters,
+    ours: Option<Ours>,
+}
+
+impl NpuWatch {
+    /// Call before the session is created. `own_pid`: this process's pid as its procfs shows it
+    /// ([`xdna::driver_pid`]).
+    pub fn before_session(reader: Result<CounterReader, Counters>, own_pid: i64) -> Self {
+        let at_load = Self::sample(&reader);
+        NpuWatch {
+            reader,
+            own_pid,
+            at_load,
+            ours: None,
+        }
+    }
+
+    fn sample(reader: &Result<CounterReader, Counters>) -> Counters {
+        match reader {
+            Ok(r) => r.read(),
+            Err(c) => c.clone(),
+        }
+    }
+
+    pub fn read(&self) -> Counters {
+        Self::sample(&self.reader)
+    }
+
+    /// Our own reader's fd, which is no evidence of XRT's (`None`: no real fd).
+    pub fn reader_fd(&self) -> Option<i32> {
+        self.reader.as_ref().ok().and_then(|r| r.fd)
+    }
+
+    /// The counters around `run` (the evidence decode steps), with the reading from before the
+    /// session, as [`Evidence`] holds them.
+    pub fn evidence_round<E>(
+        &self,
+        run: impl FnOnce() -> Result<(), E>,
+    ) -> Result<CounterReadings, E> {
+        let before = self.read();
+        run()?;
+        Ok(CounterReadings {
+            at_load: self.at_load.clone(),
+            before,
+            after: self.read(),
+            own_pid: self.own_pid,
+        })
+    }
+
+    /// Keeps the session's contexts as the verdict identified them, for [`Self::commands_since`].
+    pub fn adopt(&mut self, residency: &Residency) {
+        self.ours = residency.ours.clone();
+    }
+
+    pub fn ours(&self) -> Option<&Ours> {
+        self.ours.as_ref()
+    }
+
+    /// Commands the NPU completed for the session's contexts since `before` (a [`Self::read`]).
+    /// `None`: not countable (no context identified, a reading failed, or the driver destroyed
+    /// the session's contexts), which is not "none".
+    pub fn commands_since(&self, before: &Counters) -> Option<u64> {
+        let ours = self.ours.as_ref()?;
+        let (Counters::Read(b), Counters::Read(a)) = (before, &self.read()) else {
+            return None;
+        };
+        let gone = a.missing(ours);
+        if !gone.is_empty() {
+            tracing::warn!(
+                "the NPU session's hardware contexts {gone:?} (pid {} as the driver records it) \
+                 are gone: the driver destroyed them",
+                ours.pid
+            );
+            return None;
+        }
+        Some(xdna::completed_between(b, a, ours))
+    }
+}
+
+/// The counter readings one evidence run takes.
+#[derive(Debug, Clone)]
+pub struct CounterReadings {
+    pub at_load: Counters,
+    pub before: Counters,
+    pub after: Counters,
+    pub own_pid: i64,
 }
 
 /// One reading through `dev`.
@@ -307,9 +436,15 @@ impl AccelUsage {
     }
 }
 
-/// Reads `pid`'s usage of the accel node (`None`: the process holds no accel fd).
-pub fn read_accel_usage(pid: u32, roots: &SystemRoots) -> Result<Option<AccelUsage>, NpuError> {
-    let fds = accel_fds(pid, roots)?;
+/// Reads `pid`'s usage of the accel node, leaving out `except` (the process's own counter
+/// reader, a client with no contexts) (`None`: the process holds no other accel fd).
+pub fn read_accel_usage(
+    pid: u32,
+    roots: &SystemRoots,
+    except: Option<i32>,
+) -> Result<Option<AccelUsage>, NpuError> {
+    let mut fds = accel_fds(pid, roots)?;
+    fds.retain(|&fd| Some(fd as i32) != except);
     if fds.is_empty() {
         return Ok(None);
     }
@@ -328,9 +463,14 @@ pub fn read_accel_usage(pid: u32, roots: &SystemRoots) -> Result<Option<AccelUsa
 pub struct Evidence {
     /// ONNX Runtime's own node placement (`None`: its report was not seen).
     pub placement: Option<Placement>,
-    /// The worker's pid as the driver records it (initial PID namespace).
+    /// The worker's pid as its own procfs shows it (the driver records the initial PID
+    /// namespace's, which differs inside a container).
     #[serde(default)]
     pub pid: i64,
+    /// The hardware-context counters before the session was created: the contexts that appear
+    /// after it are the session's (`None`: not read).
+    #[serde(default)]
+    pub counters_at_load: Option<Counters>,
     /// The hardware-context counters before and after [`Evidence::decode_steps`] decode steps
     /// (`None`: not read).
     #[serde(default)]
@@ -374,6 +514,9 @@ pub struct Residency {
     /// What proved it, or every reason it is not proven.
     pub reasons: Vec<String>,
     pub evidence: Evidence,
+    /// The session's hardware contexts, where the counters identified them.
+    #[serde(default)]
+    pub ours: Option<Ours>,
 }
 
 impl Residency {
@@ -387,6 +530,7 @@ impl Residency {
             state: ResidencyState::Failed,
             reasons: vec![reason.into()],
             evidence: Evidence::default(),
+            ours: None,
         }
     }
 }
@@ -458,44 +602,57 @@ pub fn weigh(evidence: Evidence, provider: &str) -> Residency {
         },
     };
     let pid = evidence.pid;
-    let commands = match (&evidence.counters_before, &evidence.counters_after) {
-        (Some(Counters::Read(b)), Some(Counters::Read(a))) => {
-            let done = xdna::completed_between(b, a, pid);
-            let theirs: Vec<i64> = {
-                let mut p: Vec<i64> = a.contexts.iter().map(|c| c.pid).collect();
-                p.sort_unstable();
-                p.dedup();
-                p
-            };
-            if done > 0 {
-                proofs.push(format!(
-                    "the NPU completed {done} commands for this worker's hardware context (pid \
-                     {pid}) over {} decode steps ({}, {})",
-                    evidence.decode_steps, a.query, a.driver
-                ));
-                true
-            } else if a.completions_of(pid).is_some() {
-                missing.push(format!(
-                    "this worker's hardware context (pid {pid}) completed no NPU command over {} \
-                     decode steps ({}: {} -> {})",
-                    evidence.decode_steps,
-                    a.query,
-                    b.completions_of(pid).unwrap_or(0),
-                    a.completions_of(pid).unwrap_or(0)
-                ));
-                false
-            } else {
-                missing.push(format!(
-                    "the NPU has no hardware context of this worker (pid {pid}; contexts of pids \
-                     {theirs:?}; {}): its model did not go to the NPU (inside a PID namespace \
-                     the driver reports host pids)",
-                    a.query
-                ));
-                false
+    let mut ours = None;
+    let commands = match (
+        &evidence.counters_at_load,
+        &evidence.counters_before,
+        &evidence.counters_after,
+    ) {
+        (Some(Counters::Read(l)), Some(Counters::Read(b)), Some(Counters::Read(a))) => {
+            match xdna::identify(l, a, pid) {
+                Err(why) => {
+                    missing.push(format!("no hardware context is this worker's: {why}"));
+                    false
+                }
+                Ok(o) => {
+                    let done = xdna::completed_between(b, a, &o);
+                    let whose = match o.identified {
+                        xdna::Identified::CreationAndPid => format!("pid {pid}"),
+                        xdna::Identified::Creation => format!(
+                            "pid {} as the driver records it; this process is pid {pid} in its \
+                             own PID namespace",
+                            o.pid
+                        ),
+                    };
+                    let ids = &o.context_ids;
+                    let proved = if done > 0 {
+                        proofs.push(format!(
+                            "the NPU completed {done} commands for this worker's hardware \
+                             contexts {ids:?} (created with its session; {whose}) over {} decode \
+                             steps ({}, {})",
+                            evidence.decode_steps, a.query, a.driver
+                        ));
+                        true
+                    } else {
+                        missing.push(format!(
+                            "this worker's hardware contexts {ids:?} (created with its session; \
+                             {whose}) completed no NPU command over {} decode steps ({}: {} -> \
+                             {})",
+                            evidence.decode_steps,
+                            a.query,
+                            b.completions_of(&o).unwrap_or(0),
+                            a.completions_of(&o).unwrap_or(0)
+                        ));
+                        false
+                    };
+                    ours = Some(o);
+                    proved
+                }
             }
         }
-        (Some(Counters::Unavailable { reason } | Counters::Failed { reason }), _)
-        | (_, Some(Counters::Unavailable { reason } | Counters::Failed { reason })) => {
+        (Some(Counters::Unavailable { reason } | Counters::Failed { reason }), _, _)
+        | (_, Some(Counters::Unavailable { reason } | Counters::Failed { reason }), _)
+        | (_, _, Some(Counters::Unavailable { reason } | Counters::Failed { reason })) => {
             missing.push(format!("hardware-context counters unavailable: {reason}"));
             false
         }
@@ -570,6 +727,7 @@ pub fn weigh(evidence: Evidence, provider: &str) -> Residency {
             state: ResidencyState::Proven,
             reasons: proofs,
             evidence,
+            ours,
         }
     } else {
         missing.extend(unknown_weights);
@@ -578,6 +736,7 @@ pub fn weigh(evidence: Evidence, provider: &str) -> Residency {
             state: ResidencyState::Unproven,
             reasons: missing,
             evidence,
+            ours,
         }
     }
 }
@@ -588,8 +747,13 @@ pub fn weigh_npu(evidence: Evidence) -> Residency {
 }
 
 /// Reads the accel usage of `pid`, noting a failed reading in `notes`.
-pub fn sample_accel(pid: u32, roots: &SystemRoots, notes: &mut Vec<String>) -> Option<AccelUsage> {
-    match read_accel_usage(pid, roots) {
+pub fn sample_accel(
+    pid: u32,
+    roots: &SystemRoots,
+    except: Option<i32>,
+    notes: &mut Vec<String>,
+) -> Option<AccelUsage> {
+    match read_accel_usage(pid, roots, except) {
         Ok(u) => u,
         Err(e) => {
             notes.push(format!("accel usage of pid {pid}: {e}"));
@@ -748,14 +912,18 @@ mod tests {
         Some(counters_from(&FakeXdna::new(Driver::Mainline, contexts)))
     }
 
+    /// The worker had no context before its session was created: the reading at load is the
+    /// other processes' contexts of `before`.
     fn with_counters(
         placement: Option<Placement>,
         before: Vec<xdna::HwContext>,
         after: Vec<xdna::HwContext>,
     ) -> Residency {
+        let at_load = before.iter().copied().filter(|c| c.pid != ME).collect();
         weigh_npu(Evidence {
             placement,
             pid: ME,
+            counters_at_load: counters(at_load),
             counters_before: counters(before),
             counters_after: counters(after),
             accel_before: memory_only(100),
@@ -776,7 +944,7 @@ mod tests {
         assert_eq!(r.state, ResidencyState::Proven, "{r}");
         let text = r.to_string();
         assert!(
-            text.contains("the NPU completed 16 commands for this worker's hardware context (pid 4321) over 8 decode steps (GET_ARRAY(HW_CONTEXT_ALL), amdxdna_accel_driver 0.6.0)"),
+            text.contains("the NPU completed 16 commands for this worker's hardware contexts [1] (created with its session; pid 4321) over 8 decode steps (GET_ARRAY(HW_CONTEXT_ALL), amdxdna_accel_driver 0.6.0)"),
             "{text}"
         );
         assert!(text.contains("90.0% of the weights"), "{text}");
@@ -796,8 +964,25 @@ mod tests {
         );
         assert_eq!(r.state, ResidencyState::Unproven, "{r}");
         assert!(
-            r.to_string()
-                .contains("no hardware context of this worker (pid 4321; contexts of pids [999]"),
+            r.to_string().contains(
+                "no hardware context is this worker's: no hardware context appeared across this \
+                 worker's session creation and evidence run (1 on the device, of pids [999])"
+            ),
+            "{r}"
+        );
+        assert_eq!(r.ours, None);
+        // A new context of a process that had contexts before this worker's session: not ours.
+        let r = with_counters(
+            placed(40, 10),
+            vec![ctx(1, OTHER, 10)],
+            vec![ctx(1, OTHER, 10), ctx(2, OTHER, 5)],
+        );
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        assert!(
+            r.to_string().contains(
+                "the only contexts that appeared across this worker's session creation are of \
+                 pid 999, which held contexts before the session existed: another process's"
+            ),
             "{r}"
         );
     }
@@ -809,7 +994,8 @@ mod tests {
         assert_eq!(r.state, ResidencyState::Unproven, "{r}");
         assert!(
             r.to_string().contains(
-                "completed no NPU command over 8 decode steps (GET_ARRAY(HW_CONTEXT_ALL): 10 -> 10)"
+                "this worker's hardware contexts [1] (created with its session; pid 4321) \
+                 completed no NPU command over 8 decode steps (GET_ARRAY(HW_CONTEXT_ALL): 10 -> 10)"
             ),
             "{r}"
         );
@@ -821,6 +1007,7 @@ mod tests {
         let r = weigh_npu(Evidence {
             placement: placed(40, 10),
             pid: ME,
+            counters_at_load: counters(vec![]),
             counters_before: counters(vec![ctx(1, ME, 10)]),
             counters_after: counters(vec![ctx(1, ME, 10)]),
             accel_before: memory_only(100),
@@ -920,6 +1107,7 @@ mod tests {
         let r = weigh_npu(Evidence {
             placement: placed(0, 29),
             pid: ME,
+            counters_at_load: counters(vec![]),
             counters_before: counters(vec![ctx(1, ME, 1)]),
             counters_after: counters(vec![ctx(1, ME, 5)]),
             accel_before: busy(100),
@@ -964,5 +1152,221 @@ mod tests {
         assert_eq!(after["contexts"][0]["pid"], ME);
         assert_eq!(v["evidence"]["placement"]["nodes"][PROVIDER_NAME], 3);
         assert_eq!(v["evidence"]["placement"]["total_weight_bytes"], 1000);
+    }
+
+    /// A worker's whole evidence round through the real code ([`NpuWatch`], [`weigh_npu`],
+    /// [`NpuWatch::commands_since`]) on a node whose descriptors behave as amdxdna's do, for
+    /// every driver generation and flush rule: the session's contexts are still there after
+    /// every reading, and after the reader itself is closed. `driver_pid` is the pid the driver
+    /// records for the worker, `own_pid` the one the worker sees (they differ in a container).
+    fn round(
+        driver: xdna::fake::Driver,
+        flush: xdna::fake::Flush,
+        own_pid: i64,
+        driver_pid: i64,
+    ) -> (Residency, Option<u64>, xdna::fake::FakeNode) {
+        use xdna::fake::FakeNode;
+        let node = FakeNode::new(driver, flush);
+        // Another process's session, there before ours and busy throughout.
+        let other = node.open(OTHER);
+        other.create_context();
+        let reader = node.open(own_pid);
+        node.record_pid_as(&reader, driver_pid);
+        let mut watch = NpuWatch::before_session(Ok(CounterReader::on(Box::new(reader))), own_pid);
+        // The session: XRT opens the node and creates its contexts.
+        node.set_current(own_pid);
+        let xrt = node.open(own_pid);
+        node.record_pid_as(&xrt, driver_pid);
+        xrt.create_context();
+        xrt.create_context();
+        let readings = watch
+            .evidence_round(|| {
+                xrt.run(8);
+                other.run(1000);
+                Ok::<(), ()>(())
+            })
+            .expect("round");
+        let r = weigh_npu(Evidence {
+            placement: placed(40, 10),
+            pid: readings.own_pid,
+            counters_at_load: Some(readings.at_load),
+            counters_before: Some(readings.before),
+            counters_after: Some(readings.after),
+            decode_steps: 8,
+            ..Evidence::default()
+        });
+        watch.adopt(&r);
+        // One request.
+        let before = watch.read();
+        xrt.run(5);
+        other.run(77);
+        let commands = watch.commands_since(&before);
+        // The worker ends: its reader closes first (drop order of a real worker: the watch
+        // outlives nothing the session needs).
+        drop(watch);
+        let left = node
+            .contexts()
+            .iter()
+            .filter(|c| c.pid == driver_pid)
+            .count();
+        assert_eq!(
+            left, 2,
+            "{driver:?}/{flush:?}: closing our reader removed the session's contexts"
+        );
+        // The session and the other process live on (dropping them would close their clients).
+        std::mem::forget(xrt);
+        std::mem::forget(other);
+        (r, commands, node)
+    }
+
+    #[test]
+    fn an_evidence_round_leaves_the_sessions_contexts_on_every_driver_generation() {
+        use xdna::fake::{Driver, Flush};
+        for driver in [
+            Driver::Mainline0,
+            Driver::Mainline618,
+            Driver::Mainline,
+            Driver::Dkms,
+        ] {
+            for flush in [Flush::Mainline, Flush::Dkms, Flush::Never] {
+                let (r, commands, node) = round(driver, flush, ME, ME);
+                assert!(r.is_proven(), "{driver:?}/{flush:?}: {r}");
+                assert!(
+                    r.to_string().contains(
+                        "the NPU completed 16 commands for this worker's hardware contexts \
+                         [1, 2] (created with its session; pid 4321)"
+                    ),
+                    "{driver:?}/{flush:?}: {r}"
+                );
+                let ours = r.ours.as_ref().expect("identified");
+                assert_eq!(ours.identified, xdna::Identified::CreationAndPid);
+                assert_eq!(commands, Some(10), "{driver:?}/{flush:?}");
+                // The other process's context is untouched too.
+                assert_eq!(node.contexts().iter().filter(|c| c.pid == OTHER).count(), 1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_closed_duplicate_of_xrts_fd_destroys_its_contexts_where_the_driver_flushes() {
+        // The driver model the round above is checked against: what reading through a
+        // duplicate of XRT's fd (as this crate once did) does on each kernel.
+        use xdna::fake::{Driver, FakeNode, Flush};
+        for (flush, survive) in [
+            (Flush::Mainline, false),
+            (Flush::Dkms, false),
+            (Flush::Never, true),
+        ] {
+            let node = FakeNode::new(Driver::Mainline, flush);
+            let xrt = node.open(ME);
+            xrt.create_context();
+            let dup = xrt.dup();
+            assert!(counters_from(&dup).read().is_some());
+            drop(dup);
+            assert_eq!(!node.contexts().is_empty(), survive, "{flush:?}");
+            // A child's exit closes its copy from another process: only AMD's DKMS rule spares
+            // the contexts then.
+            let node = FakeNode::new(Driver::Mainline, flush);
+            let xrt = node.open(ME);
+            xrt.create_context();
+            let childs = xrt.dup();
+            node.set_current(ME + 1);
+            drop(childs);
+            assert_eq!(
+                !node.contexts().is_empty(),
+                flush != Flush::Mainline,
+                "{flush:?}"
+            );
+            std::mem::forget(xrt);
+        }
+    }
+
+    #[test]
+    fn inside_a_pid_namespace_the_contexts_created_with_the_session_prove_residency() {
+        use xdna::fake::{Driver, Flush};
+        // The worker is pid 17 in its container; the driver records 4242.
+        let (r, commands, _) = round(Driver::Mainline, Flush::Mainline, 17, 4242);
+        assert!(r.is_proven(), "{r}");
+        assert!(
+            r.to_string().contains(
+                "contexts [1, 2] (created with its session; pid 4242 as the driver records it; \
+                 this process is pid 17 in its own PID namespace)"
+            ),
+            "{r}"
+        );
+        let ours = r.ours.as_ref().expect("identified");
+        assert_eq!(ours.identified, xdna::Identified::Creation);
+        assert_eq!(ours.pid, 4242);
+        assert_eq!(commands, Some(10));
+    }
+
+    #[test]
+    fn contexts_of_several_new_pids_identify_nothing() {
+        use xdna::fake::ctx;
+        // Two processes created contexts while the worker (pid 17 in a namespace) loaded.
+        let r = weigh_npu(Evidence {
+            placement: placed(40, 10),
+            pid: 17,
+            counters_at_load: counters(vec![]),
+            counters_before: counters(vec![ctx(1, 4242, 0), ctx(1, 5555, 0)]),
+            counters_after: counters(vec![ctx(1, 4242, 9), ctx(1, 5555, 9)]),
+            decode_steps: 8,
+            ..Evidence::default()
+        });
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        assert!(
+            r.to_string().contains(
+                "contexts of pids [4242, 5555] appeared across this worker's session creation, \
+                 none with its pid 17: which are its own cannot be told"
+            ),
+            "{r}"
+        );
+        // No context at all appeared: nothing to count, never a pass.
+        let r = weigh_npu(Evidence {
+            placement: placed(40, 10),
+            pid: 17,
+            counters_at_load: counters(vec![ctx(1, OTHER, 1)]),
+            counters_before: counters(vec![ctx(1, OTHER, 1)]),
+            counters_after: counters(vec![ctx(1, OTHER, 90)]),
+            decode_steps: 8,
+            ..Evidence::default()
+        });
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        assert!(
+            r.to_string().contains(
+                "no hardware context appeared across this worker's session creation and \
+                 evidence run (1 on the device, of pids [999])"
+            ),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn a_request_on_destroyed_contexts_is_not_countable() {
+        use xdna::fake::{Driver, FakeNode, Flush};
+        let node = FakeNode::new(Driver::Mainline, Flush::Mainline);
+        let mut watch =
+            NpuWatch::before_session(Ok(CounterReader::on(Box::new(node.open(ME)))), ME);
+        let xrt = node.open(ME);
+        xrt.create_context();
+        let readings = watch
+            .evidence_round(|| {
+                xrt.run(3);
+                Ok::<(), ()>(())
+            })
+            .expect("round");
+        let r = weigh_npu(Evidence {
+            pid: ME,
+            counters_at_load: Some(readings.at_load),
+            counters_before: Some(readings.before),
+            counters_after: Some(readings.after),
+            ..Evidence::default()
+        });
+        watch.adopt(&r);
+        let before = watch.read();
+        // Something closed a duplicate of XRT's fd: the driver destroyed the contexts.
+        drop(xrt.dup());
+        assert_eq!(watch.commands_since(&before), None);
+        std::mem::forget(xrt);
     }
 }

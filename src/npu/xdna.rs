@@ -33,7 +33,7 @@
 use std::fmt;
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -87,26 +87,28 @@ pub trait Ioctl {
     fn ioctl(&self, request: u64, arg: &mut [u8], data: &mut [u8]) -> io::Result<()>;
 }
 
-/// An fd on the accel node: one this process opened, or a duplicate of one it already holds (the
-/// same DRM client, so asking adds no client to the driver).
+/// An fd this process opened on the accel node: its own DRM client.
+///
+/// Never a duplicate of another fd on the node (XRT's above all): `close(2)` runs the file's
+/// `flush` on every descriptor closed, not only the last, and amdxdna's flush (mainline 6.14
+/// through at least 6.18; AMD's DKMS driver when the closing task is the opener's process)
+/// destroys every hardware context of the file's DRM client. A duplicate shares the struct file,
+/// hence XRT's client: closing it would tear down the session's contexts. An fd of our own is a
+/// client with no contexts, whose flush harms nothing.
 pub struct AccelFd(OwnedFd);
 
 impl AccelFd {
     pub fn open(path: &Path) -> io::Result<Self> {
+        // O_CLOEXEC (std's default): no child may inherit it. The worker spawns nothing once
+        // the NPU session exists (`npu::fork_guard`), but a child inheriting this fd would
+        // only close our own, context-free client.
         let f = OpenOptions::new().read(true).write(true).open(path)?;
         Ok(AccelFd(f.into()))
     }
 
-    /// A duplicate of this process's own `fd`.
-    pub fn dup(fd: i32) -> io::Result<Self> {
-        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on any integer is safe; it fails with EBADF for a
-        // closed one. The new fd is ours alone, so OwnedFd may close it.
-        let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-        if new < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `new` is a fresh fd owned by nobody else.
-        Ok(AccelFd(unsafe { OwnedFd::from_raw_fd(new) }))
+    /// The descriptor's number (to tell our own fd from XRT's in `/proc/self/fd`).
+    pub fn raw(&self) -> i32 {
+        self.0.as_raw_fd()
     }
 }
 
@@ -213,46 +215,135 @@ pub struct HwContexts {
 }
 
 impl HwContexts {
-    /// Commands the NPU completed for `pid`'s contexts (`None`: it has none).
-    pub fn completions_of(&self, pid: i64) -> Option<u64> {
-        let mut mine = self.contexts.iter().filter(|c| c.pid == pid).peekable();
-        mine.peek()?;
-        Some(mine.map(|c| c.command_completions).sum())
-    }
-
-    /// Completions per context of `pid`, keyed by context id.
-    fn by_context(&self, pid: i64) -> impl Iterator<Item = (u32, u64)> + '_ {
+    /// The contexts with this (driver) pid and id: one, or several where two DRM clients of one
+    /// process both numbered a context alike (ids are unique per client only).
+    fn with(&self, pid: i64, id: u32) -> impl Iterator<Item = &HwContext> + '_ {
         self.contexts
             .iter()
-            .filter(move |c| c.pid == pid)
-            .map(|c| (c.context_id, c.command_completions))
+            .filter(move |c| c.pid == pid && c.context_id == id)
+    }
+
+    /// Commands the NPU completed for `ours` (`None`: none of its contexts is there any more).
+    pub fn completions_of(&self, ours: &Ours) -> Option<u64> {
+        let mut found = false;
+        let mut sum = 0u64;
+        for &id in &ours.context_ids {
+            for c in self.with(ours.pid, id) {
+                found = true;
+                sum = sum.saturating_add(c.command_completions);
+            }
+        }
+        found.then_some(sum)
+    }
+
+    /// The ids of `ours` this reading no longer has (the driver destroyed them).
+    pub fn missing(&self, ours: &Ours) -> Vec<u32> {
+        ours.context_ids
+            .iter()
+            .copied()
+            .filter(|&id| self.with(ours.pid, id).next().is_none())
+            .collect()
+    }
+
+    /// The distinct pids of the contexts, sorted.
+    pub fn pids(&self) -> Vec<i64> {
+        let mut p: Vec<i64> = self.contexts.iter().map(|c| c.pid).collect();
+        p.sort_unstable();
+        p.dedup();
+        p
     }
 }
 
-/// Commands completed for `pid` between two readings: the growth of each of its contexts (a
-/// context that is new in `after` counts from 0; one that went away counts nothing). Context ids
-/// are unique per DRM client only: where one repeats for `pid` (two clients), the contexts
-/// cannot be told apart and the growth of the sum counts, which may undercount, never over.
-pub fn completed_between(before: &HwContexts, after: &HwContexts, pid: i64) -> u64 {
-    let repeats = |c: &HwContexts| {
-        let mut ids: Vec<u32> = c.by_context(pid).map(|(id, _)| id).collect();
-        let n = ids.len();
+/// How a session's hardware contexts were told from other processes'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Identified {
+    /// They appeared across the session's creation and carry this process's pid.
+    CreationAndPid,
+    /// They appeared across the session's creation, all under one pid that held no context
+    /// before and is not this process's own: the driver records the pid of the initial PID
+    /// namespace, which a process inside a container does not see.
+    Creation,
+}
+
+/// One session's hardware contexts: the pid the driver records for them and their ids.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ours {
+    pub pid: i64,
+    pub context_ids: Vec<u32>,
+    pub identified: Identified,
+}
+
+/// This session's contexts: those in `after` (read once the session exists and has run) that
+/// were not in `at_load` (read before it was created), keyed by (pid, id) since ids are unique
+/// per DRM client only. `own_pid` is this process's pid as it sees itself: where a new context
+/// carries it, those are ours; otherwise the new contexts count only when they all carry one
+/// pid that held none before (a process in a PID namespace). Anything else cannot be told
+/// apart from another process's work and identifies nothing: `Err` says why.
+pub fn identify(at_load: &HwContexts, after: &HwContexts, own_pid: i64) -> Result<Ours, String> {
+    let existed = |c: &HwContext| {
+        at_load
+            .contexts
+            .iter()
+            .any(|b| b.pid == c.pid && b.context_id == c.context_id)
+    };
+    let new: Vec<&HwContext> = after.contexts.iter().filter(|c| !existed(c)).collect();
+    let ids_of = |pid: i64| {
+        let mut ids: Vec<u32> = new
+            .iter()
+            .filter(|c| c.pid == pid)
+            .map(|c| c.context_id)
+            .collect();
         ids.sort_unstable();
         ids.dedup();
-        ids.len() != n
+        ids
     };
-    if repeats(before) || repeats(after) {
-        let sum = |c: &HwContexts| c.by_context(pid).map(|(_, d)| d).sum::<u64>();
-        return sum(after).saturating_sub(sum(before));
+    if new.iter().any(|c| c.pid == own_pid) {
+        return Ok(Ours {
+            pid: own_pid,
+            context_ids: ids_of(own_pid),
+            identified: Identified::CreationAndPid,
+        });
     }
-    after
-        .by_context(pid)
-        .map(|(id, done)| {
-            let was = before
-                .by_context(pid)
-                .find(|(b, _)| *b == id)
-                .map_or(0, |(_, d)| d);
-            done.saturating_sub(was)
+    let mut pids: Vec<i64> = new.iter().map(|c| c.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    match pids.as_slice() {
+        [] => Err(format!(
+            "no hardware context appeared across this worker's session creation and evidence \
+             run ({} on the device, of pids {:?})",
+            after.contexts.len(),
+            after.pids()
+        )),
+        [pid] if at_load.contexts.iter().any(|c| c.pid == *pid) => Err(format!(
+            "the only contexts that appeared across this worker's session creation are of pid \
+             {pid}, which held contexts before the session existed: another process's (this \
+             process is pid {own_pid} in its own PID namespace)"
+        )),
+        [pid] => Ok(Ours {
+            pid: *pid,
+            context_ids: ids_of(*pid),
+            identified: Identified::Creation,
+        }),
+        many => Err(format!(
+            "contexts of pids {many:?} appeared across this worker's session creation, none \
+             with its pid {own_pid}: which are its own cannot be told"
+        )),
+    }
+}
+
+/// Commands completed for `ours` between two readings: the growth of each of its contexts (a
+/// context new in `after` counts from 0; one gone from `after` counts nothing).
+pub fn completed_between(before: &HwContexts, after: &HwContexts, ours: &Ours) -> u64 {
+    ours.context_ids
+        .iter()
+        .map(|&id| {
+            let sum = |r: &HwContexts| {
+                r.with(ours.pid, id)
+                    .map(|c| c.command_completions)
+                    .fold(0u64, u64::saturating_add)
+            };
+            sum(after).saturating_sub(sum(before))
         })
         .sum()
 }
@@ -270,6 +361,15 @@ pub enum CountersError {
     /// The query exists but failed.
     #[error("counters unreadable: {0}")]
     Failed(String),
+}
+
+impl CountersError {
+    /// The reason alone, without the variant's words.
+    pub fn reason(&self) -> &str {
+        match self {
+            CountersError::Open(r) | CountersError::Unavailable(r) | CountersError::Failed(r) => r,
+        }
+    }
 }
 
 fn errno_name(e: &io::Error) -> String {
@@ -336,8 +436,11 @@ pub fn read_node(node: &Path) -> Result<HwContexts, CountersError> {
     read_contexts(&dev)
 }
 
-/// Reads every hardware context: GET_ARRAY where the driver has it, else (or when it refuses)
-/// GET_INFO, as XRT's own shim falls back.
+/// Reads every hardware context: GET_ARRAY where the driver has it, and GET_INFO whenever
+/// GET_ARRAY did not answer, for whatever reason: "no such query" (older drivers, Linux
+/// 6.18.0/1 on a full buffer) as XRT's own shim falls back, but also any other failure (AMD's
+/// DKMS driver fails the whole GET_ARRAY when its firmware health query fails, while GET_INFO
+/// still answers).
 pub fn read_contexts(dev: &dyn Ioctl) -> Result<HwContexts, CountersError> {
     let driver = driver_version(dev)?;
     if driver.name != DRIVER_NAME {
@@ -345,34 +448,44 @@ pub fn read_contexts(dev: &dyn Ioctl) -> Result<HwContexts, CountersError> {
             "the accel device's driver is {driver}, not {DRIVER_NAME}"
         )));
     }
-    let array = if driver.has_get_array() {
+    let mut array_error = None;
+    if driver.has_get_array() {
         match get_array(dev) {
-            Ok(c) => Some(c),
-            // A driver without the query (or this param): the older one is next.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
-                tracing::debug!(
-                    "GET_ARRAY(HW_CONTEXT_ALL): {}; trying GET_INFO",
-                    errno_name(&e)
-                );
-                None
+            Ok(contexts) => {
+                return Ok(HwContexts {
+                    driver,
+                    query: Query::GetArray,
+                    contexts,
+                });
             }
-            Err(e) => return Err(query_error(Query::GetArray, &e)),
+            Err(e) => {
+                tracing::debug!("{}: {}; trying GET_INFO", Query::GetArray, errno_name(&e));
+                array_error = Some(e);
+            }
         }
-    } else {
-        None
-    };
-    let (query, contexts) = match array {
-        Some(c) => (Query::GetArray, c),
-        None => (
-            Query::GetInfo,
-            get_info(dev, &driver).map_err(|e| query_error(Query::GetInfo, &e))?,
-        ),
-    };
-    Ok(HwContexts {
-        driver,
-        query,
-        contexts,
-    })
+    }
+    match get_info(dev, &driver) {
+        Ok(contexts) => Ok(HwContexts {
+            driver,
+            query: Query::GetInfo,
+            contexts,
+        }),
+        Err(e) => {
+            let info = query_error(Query::GetInfo, &e);
+            match array_error {
+                // GET_ARRAY said "no such query": GET_INFO's failure is the whole story.
+                Some(a) if !matches!(a.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+                    Err(CountersError::Failed(format!(
+                        "{}: {}, then {}",
+                        Query::GetArray,
+                        errno_name(&a),
+                        info.reason()
+                    )))
+                }
+                _ => Err(info),
+            }
+        }
+    }
 }
 
 fn query_error(q: Query, e: &io::Error) -> CountersError {
@@ -541,6 +654,9 @@ pub(crate) mod fake {
         pub contexts: RefCell<Vec<HwContext>>,
         /// Requests seen, in order.
         pub calls: RefCell<Vec<u64>>,
+        /// GET_ARRAY fails with this errno (AMD's DKMS driver when its firmware health query
+        /// fails).
+        pub array_fails: Option<i32>,
     }
 
     impl FakeXdna {
@@ -549,6 +665,7 @@ pub(crate) mod fake {
                 driver,
                 contexts: RefCell::new(contexts),
                 calls: RefCell::new(Vec::new()),
+                array_fails: None,
             }
         }
 
@@ -609,6 +726,9 @@ pub(crate) mod fake {
                     match self.driver {
                         Driver::Mainline0 | Driver::Other => return err(libc::EINVAL),
                         _ => {}
+                    }
+                    if let Some(errno) = self.array_fails {
+                        return err(errno);
                     }
                     if asked == 0 || num == 0 {
                         return err(libc::EINVAL);
@@ -679,6 +799,147 @@ pub(crate) mod fake {
                 }
                 _ => err(libc::EINVAL),
             }
+        }
+    }
+
+    /// What closing a descriptor does to its DRM client's contexts: amdxdna's `flush` file
+    /// operation, which `close(2)` runs on every descriptor closed, not only the last.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Flush {
+        /// Mainline 6.14 through at least 6.18.y: `amdxdna_flush` removes every context of the
+        /// client on any close, unconditionally.
+        Mainline,
+        /// AMD's DKMS driver: the same, when the closing task belongs to the opener's process.
+        Dkms,
+        /// A kernel without `amdxdna_flush`: only the last close (the file's release) does.
+        Never,
+    }
+
+    struct File {
+        opener: i64,
+        refs: usize,
+        next_id: u32,
+    }
+
+    struct Kernel {
+        driver: Driver,
+        flush: Flush,
+        files: Vec<File>,
+        /// (file, context): contexts belong to a file's DRM client.
+        contexts: Vec<(usize, HwContext)>,
+        /// The process of the task that makes the next call (close included).
+        current: i64,
+    }
+
+    /// An accel node whose descriptors behave as amdxdna's do: each open is a DRM client of
+    /// its own, duplicates share it, and closes run the generation's flush.
+    #[derive(Clone)]
+    pub struct FakeNode(std::rc::Rc<RefCell<Kernel>>);
+
+    impl FakeNode {
+        pub fn new(driver: Driver, flush: Flush) -> Self {
+            FakeNode(std::rc::Rc::new(RefCell::new(Kernel {
+                driver,
+                flush,
+                files: Vec::new(),
+                contexts: Vec::new(),
+                current: 0,
+            })))
+        }
+
+        /// `open(2)` by process `pid` (which becomes the calling task).
+        pub fn open(&self, pid: i64) -> FakeFile {
+            let mut k = self.0.borrow_mut();
+            k.current = pid;
+            k.files.push(File {
+                opener: pid,
+                refs: 1,
+                next_id: 1,
+            });
+            FakeFile {
+                node: self.clone(),
+                file: k.files.len() - 1,
+            }
+        }
+
+        /// The process whose task makes the next calls.
+        pub fn set_current(&self, pid: i64) {
+            self.0.borrow_mut().current = pid;
+        }
+
+        /// Every context on the device.
+        pub fn contexts(&self) -> Vec<HwContext> {
+            self.0.borrow().contexts.iter().map(|(_, c)| *c).collect()
+        }
+
+        /// The pid the driver records differs from the one a process sees inside a PID
+        /// namespace: the driver's is `host`, whatever the opener called itself.
+        pub fn record_pid_as(&self, file: &FakeFile, host: i64) {
+            self.0.borrow_mut().files[file.file].opener = host;
+        }
+    }
+
+    /// One descriptor on a [`FakeNode`].
+    pub struct FakeFile {
+        node: FakeNode,
+        file: usize,
+    }
+
+    impl FakeFile {
+        /// `dup(2)`: another descriptor on the same struct file, hence the same client.
+        pub fn dup(&self) -> FakeFile {
+            self.node.0.borrow_mut().files[self.file].refs += 1;
+            FakeFile {
+                node: self.node.clone(),
+                file: self.file,
+            }
+        }
+
+        /// A hardware context on this client (as XRT makes one), its id the client's next.
+        pub fn create_context(&self) -> u32 {
+            let mut k = self.node.0.borrow_mut();
+            let f = &mut k.files[self.file];
+            let id = f.next_id;
+            f.next_id += 1;
+            let pid = f.opener;
+            k.contexts.push((self.file, ctx(id, pid, 0)));
+            id
+        }
+
+        /// The NPU completes `n` commands on each context of this client.
+        pub fn run(&self, n: u64) {
+            for (f, c) in &mut self.node.0.borrow_mut().contexts {
+                if *f == self.file {
+                    c.command_submissions += n;
+                    c.command_completions += n;
+                }
+            }
+        }
+    }
+
+    impl Drop for FakeFile {
+        fn drop(&mut self) {
+            let mut k = self.node.0.borrow_mut();
+            let file = self.file;
+            let flushes = match k.flush {
+                Flush::Mainline => true,
+                Flush::Dkms => k.current == k.files[file].opener,
+                Flush::Never => false,
+            };
+            k.files[file].refs -= 1;
+            if flushes || k.files[file].refs == 0 {
+                k.contexts.retain(|(f, _)| *f != file);
+            }
+        }
+    }
+
+    impl Ioctl for FakeFile {
+        fn ioctl(&self, request: u64, arg: &mut [u8], data: &mut [u8]) -> io::Result<()> {
+            let (driver, contexts) = {
+                let k = self.node.0.borrow();
+                (k.driver, k.contexts.iter().map(|(_, c)| *c).collect())
+            };
+            FakeXdna::new(driver, contexts).ioctl(request, arg, data)
         }
     }
 
@@ -838,23 +1099,35 @@ mod tests {
     }
 
     #[test]
-    fn completions_are_counted_per_context_of_one_pid() {
+    fn completions_are_counted_per_context_of_one_session() {
         let dev = FakeXdna::new(Driver::Mainline, vec![ctx(1, 42, 5), ctx(2, 7, 100)]);
         let before = read_contexts(&dev).expect("read");
         *dev.contexts.borrow_mut() = vec![ctx(1, 42, 9), ctx(3, 42, 2), ctx(2, 7, 500)];
         let after = read_contexts(&dev).expect("read");
-        assert_eq!(completed_between(&before, &after, 42), 4 + 2);
-        assert_eq!(completed_between(&before, &after, 7), 400);
-        assert_eq!(completed_between(&before, &after, 99), 0);
-        // Two clients of one pid, both with context 1, counters flat: nothing completed.
+        let of = |pid, ids: &[u32]| Ours {
+            pid,
+            context_ids: ids.to_vec(),
+            identified: Identified::CreationAndPid,
+        };
+        assert_eq!(completed_between(&before, &after, &of(42, &[1, 3])), 4 + 2);
+        assert_eq!(completed_between(&before, &after, &of(42, &[3])), 2);
+        assert_eq!(completed_between(&before, &after, &of(7, &[2])), 400);
+        assert_eq!(completed_between(&before, &after, &of(99, &[1])), 0);
+        // Two clients of one pid, both with context 1: their sum's growth counts.
         let two = |a, b| HwContexts {
             contexts: vec![ctx(1, 42, a), ctx(1, 42, b)],
             ..before.clone()
         };
-        assert_eq!(completed_between(&two(5, 100), &two(5, 100), 42), 0);
-        assert_eq!(completed_between(&two(5, 100), &two(7, 101), 42), 3);
-        assert_eq!(after.completions_of(42), Some(11));
-        assert_eq!(after.completions_of(99), None);
+        assert_eq!(
+            completed_between(&two(5, 100), &two(5, 100), &of(42, &[1])),
+            0
+        );
+        assert_eq!(
+            completed_between(&two(5, 100), &two(7, 101), &of(42, &[1])),
+            3
+        );
+        assert_eq!(after.completions_of(&of(42, &[1, 3])), Some(11));
+        assert_eq!(after.completions_of(&of(99, &[1])), None);
     }
 
     #[test]
@@ -865,5 +1138,69 @@ mod tests {
         assert_eq!(driver_pid(&t), 4242);
         let empty = crate::testutil::tempdir("xdna-nspid-none");
         assert_eq!(driver_pid(&empty), i64::from(std::process::id()));
+    }
+
+    #[test]
+    fn any_get_array_failure_falls_back_to_get_info() {
+        // AMD's DKMS driver fails the whole GET_ARRAY when a context's firmware health query
+        // fails (EINVAL from the mailbox, ENOMEM from a buffer); GET_INFO still answers.
+        for errno in [libc::EINVAL, libc::ENOMEM, libc::EIO, libc::ETIME] {
+            let mut dev = FakeXdna::new(Driver::Dkms, many(3));
+            dev.array_fails = Some(errno);
+            let got = read_contexts(&dev).unwrap_or_else(|e| panic!("errno {errno}: {e}"));
+            assert_eq!(got.query, Query::GetInfo, "errno {errno}");
+            assert_eq!(got.contexts, many(3));
+        }
+        // Both failing: both named, a failure (not "unavailable").
+        let mut dev = FakeXdna::new(Driver::Other, many(1));
+        dev.driver = Driver::Dkms;
+        dev.array_fails = Some(libc::EIO);
+        let info_fails = FailingInfo(dev);
+        let e = read_contexts(&info_fails).expect_err("both fail");
+        assert_eq!(
+            e,
+            CountersError::Failed(
+                "GET_ARRAY(HW_CONTEXT_ALL): Input/output error (os error 5), then \
+                 GET_INFO(QUERY_HW_CONTEXTS): EACCES"
+                    .into()
+            )
+        );
+    }
+
+    /// A device whose GET_INFO is refused.
+    struct FailingInfo(FakeXdna);
+
+    impl Ioctl for FailingInfo {
+        fn ioctl(&self, request: u64, arg: &mut [u8], data: &mut [u8]) -> io::Result<()> {
+            if request == DRM_IOCTL_AMDXDNA_GET_INFO {
+                return Err(io::Error::from_raw_os_error(libc::EACCES));
+            }
+            self.0.ioctl(request, arg, data)
+        }
+    }
+
+    #[test]
+    fn contexts_are_identified_by_what_the_session_created() {
+        let read =
+            |c: Vec<HwContext>| read_contexts(&FakeXdna::new(Driver::Mainline, c)).expect("read");
+        let at_load = read(vec![ctx(1, 999, 50)]);
+        // Ids repeat across clients: (999, 1) existed, (4242, 1) is new.
+        let after = read(vec![ctx(1, 999, 60), ctx(1, 4242, 3), ctx(2, 4242, 4)]);
+        let ours = identify(&at_load, &after, 4242).expect("by pid");
+        assert_eq!(
+            ours,
+            Ours {
+                pid: 4242,
+                context_ids: vec![1, 2],
+                identified: Identified::CreationAndPid
+            }
+        );
+        assert_eq!(after.completions_of(&ours), Some(7));
+        let ours = identify(&at_load, &after, 17).expect("by creation");
+        assert_eq!(ours.identified, Identified::Creation);
+        assert_eq!(ours.pid, 4242);
+        let later = read(vec![ctx(1, 999, 61), ctx(2, 4242, 10)]);
+        assert_eq!(completed_between(&after, &later, &ours), 6);
+        assert_eq!(later.missing(&ours), vec![1]);
     }
 }

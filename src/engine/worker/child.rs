@@ -41,10 +41,10 @@ use super::protocol::{
 };
 use crate::engine::{self, Backbone, CancelToken, Device, EngineError, OgaBackbone, OrtBackbone};
 use crate::npu::residency::{
-    Counters, Evidence, Residency, sample_accel, sample_counters, sample_mem_usage, weigh_npu,
+    CounterReader, Evidence, NpuWatch, Residency, sample_accel, sample_mem_usage, weigh_npu,
 };
 use crate::npu::xdna;
-use crate::npu::{SystemRoots, holds_accel};
+use crate::npu::{SystemRoots, accel_fds, cache, fork_guard};
 use crate::package::BackbonePackage;
 
 enum Input {
@@ -104,7 +104,10 @@ fn exit_if_loading(phase: &SharedPhase, why: &str) {
         return;
     };
     if let Some(roots) = npu {
-        let held = holds_accel(std::process::id(), roots);
+        // Our own counter reader holds no context: closing it by exiting harms nothing.
+        let own = crate::npu::residency::own_reader_fd();
+        let held = accel_fds(std::process::id(), roots)
+            .map(|fds| fds.into_iter().any(|fd| Some(fd as i32) != own));
         if !matches!(held, Ok(false)) {
             tracing::warn!(
                 "{why} during the model load with the NPU {}: finishing the load, then \
@@ -179,9 +182,9 @@ fn serve(
         return ExitCode::FAILURE;
     }
     let mut backbone: Option<Box<dyn Backbone>> = None;
-    // On the NPU: where to read the driver's counters around each generation, and this
-    // process's pid as the driver records it (read once: it does not change).
-    let mut npu: Option<(SystemRoots, i64)> = None;
+    // On the NPU: our own reader of the driver's counters and the session's contexts, kept for
+    // the worker's life (closing it early would be harmless; re-opening it each time is waste).
+    let mut npu: Option<NpuWatch> = None;
     let mut code = ExitCode::SUCCESS;
     while let Ok(input) = rx.recv() {
         let sent = match input {
@@ -193,10 +196,9 @@ fn serve(
                     }
                 } else {
                     match in_load_phase(phase, &load, || load_backbone(&load)) {
-                        Ok((b, loaded)) => {
+                        Ok((b, loaded, watch)) => {
                             backbone = Some(b);
-                            npu = (load.ort.device == Device::Npu)
-                                .then(|| (load.roots.clone(), xdna::driver_pid(&load.roots.proc)));
+                            npu = watch;
                             Reply::Loaded(Box::new(loaded))
                         }
                         Err(e) => {
@@ -239,7 +241,10 @@ fn serve(
     code
 }
 
-fn load_backbone(load: &Load) -> Result<(Box<dyn Backbone>, Loaded), EngineError> {
+/// A loaded backbone, what the parent is told of it, and on the NPU the session's watch.
+type LoadedBackbone = (Box<dyn Backbone>, Loaded, Option<NpuWatch>);
+
+fn load_backbone(load: &Load) -> Result<LoadedBackbone, EngineError> {
     let npu = load.ort.device == Device::Npu;
     // The RyzenAI provider only works with the ONNX Runtime it was built against: on the NPU
     // route with a venv, that one or none.
@@ -258,14 +263,45 @@ fn load_backbone(load: &Load) -> Result<(Box<dyn Backbone>, Loaded), EngineError
         (explicit, ..) => crate::runtime::environment(explicit.as_deref()),
     }
     .map_err(|e| EngineError::Runtime(e.to_string()))?;
-    let pkg = BackbonePackage::load(&load.package_dir)
-        .map_err(|e| EngineError::Graph(format!("package {}: {e}", load.package_dir.display())))?;
+    // On the NPU the session compiles and caches next to its model_root: a writable place of
+    // ours when the package is read-only or a cache directory is named (npu::cache).
+    let package_dir = if npu {
+        let named = crate::native::env_path(cache::CACHE_DIR_VAR);
+        let fallback = cache::fallback_root();
+        let root = cache::model_root(&load.package_dir, named.as_deref(), fallback.as_deref())
+            .map_err(|e| EngineError::Device(format!("the NPU compile cache: {e}")))?;
+        if let cache::ModelRoot::Mirror { dir, seeded } = &root {
+            tracing::info!(
+                "NPU session loads {} from {} (links to its files and a writable compile cache \
+                 of its own{})",
+                load.package_dir.display(),
+                dir.display(),
+                if *seeded {
+                    ", seeded from the package's"
+                } else {
+                    ""
+                }
+            );
+        }
+        root.dir().to_path_buf()
+    } else {
+        load.package_dir.clone()
+    };
+    let pkg = BackbonePackage::load(&package_dir)
+        .map_err(|e| EngineError::Graph(format!("package {}: {e}", package_dir.display())))?;
     let mut notes = Vec::new();
     let mem_before = if npu {
         sample_mem_usage(&load.roots, &mut notes)
     } else {
         None
     };
+    // Opened and read before the session exists: the contexts that appear after are its own.
+    let mut watch = npu.then(|| {
+        NpuWatch::before_session(
+            CounterReader::open(&load.roots),
+            xdna::driver_pid(&load.roots.proc),
+        )
+    });
     // Our loop knows where ONNX Runtime put the nodes and what the provider was given;
     // onnxruntime-genai's attaches the package's providers itself and says neither.
     let (mut b, providers, placement, provider_setup): (Box<dyn Backbone>, _, _, _) =
@@ -284,17 +320,25 @@ fn load_backbone(load: &Load) -> Result<(Box<dyn Backbone>, Loaded), EngineError
                 (Box::new(b), providers, None, None)
             }
         };
-    let residency = if npu {
-        Some(gather_evidence(
-            b.as_mut(),
-            placement.clone(),
-            &load.roots,
-            load.evidence_steps,
-            mem_before,
-            notes,
-        )?)
-    } else {
-        None
+    let residency = match &mut watch {
+        Some(w) => {
+            let r = gather_evidence(
+                b.as_mut(),
+                w,
+                placement.clone(),
+                &load.roots,
+                load.evidence_steps,
+                mem_before,
+                notes,
+            )?;
+            w.adopt(&r);
+            // From here on a fork would be fatal to the session (see npu::fork_guard).
+            if let Err(e) = fork_guard::forbid() {
+                tracing::warn!("{e}");
+            }
+            Some(r)
+        }
+        None => None,
     };
     let loaded = Loaded {
         engine: b.describe(),
@@ -321,7 +365,7 @@ fn load_backbone(load: &Load) -> Result<(Box<dyn Backbone>, Loaded), EngineError
             tracing::warn!("{r}");
         }
     }
-    Ok((b, loaded))
+    Ok((b, loaded, watch))
 }
 
 /// The NPU's residency evidence, gathered by this process about itself: ONNX Runtime's node
@@ -330,6 +374,7 @@ fn load_backbone(load: &Load) -> Result<(Box<dyn Backbone>, Loaded), EngineError
 /// every vocabulary and the sequence is reset afterwards).
 fn gather_evidence(
     b: &mut dyn Backbone,
+    watch: &NpuWatch,
     placement: Option<crate::npu::Placement>,
     roots: &SystemRoots,
     steps: usize,
@@ -337,16 +382,17 @@ fn gather_evidence(
     mut notes: Vec<String>,
 ) -> Result<Residency, EngineError> {
     let pid = std::process::id();
-    let accel_before = sample_accel(pid, roots, &mut notes);
-    let counters_before = sample_counters(roots);
-    b.reset();
-    b.append(&[0; 8])?;
-    for _ in 0..steps {
-        b.append(&[0])?;
-    }
-    b.reset();
-    let counters_after = sample_counters(roots);
-    let accel_after = sample_accel(pid, roots, &mut notes);
+    let accel_before = sample_accel(pid, roots, watch.reader_fd(), &mut notes);
+    let readings = watch.evidence_round(|| {
+        b.reset();
+        b.append(&[0; 8])?;
+        for _ in 0..steps {
+            b.append(&[0])?;
+        }
+        b.reset();
+        Ok::<(), EngineError>(())
+    })?;
+    let accel_after = sample_accel(pid, roots, watch.reader_fd(), &mut notes);
     let mem_usage_after = if mem_usage_before.is_some() {
         sample_mem_usage(roots, &mut notes)
     } else {
@@ -354,9 +400,10 @@ fn gather_evidence(
     };
     Ok(weigh_npu(Evidence {
         placement,
-        pid: xdna::driver_pid(&roots.proc),
-        counters_before: Some(counters_before),
-        counters_after: Some(counters_after),
+        pid: readings.own_pid,
+        counters_at_load: Some(readings.at_load),
+        counters_before: Some(readings.before),
+        counters_after: Some(readings.after),
         accel_before,
         accel_after,
         decode_steps: steps,
@@ -369,7 +416,7 @@ fn gather_evidence(
 /// Runs one generation, streaming codes; returns Err only when the reply stream is gone.
 fn run(
     backbone: Option<&mut (dyn Backbone + 'static)>,
-    npu: Option<&(SystemRoots, i64)>,
+    npu: Option<&NpuWatch>,
     g: &Generate,
     token: &CancelToken,
     out: &mut BufWriter<File>,
@@ -384,7 +431,7 @@ fn run(
         );
     };
     // The driver's own count of what the NPU did for this request.
-    let before = npu.map(|(roots, _)| sample_counters(roots));
+    let before = npu.map(NpuWatch::read);
     let mut broken: Option<io::Error> = None;
     let result = engine::generate(
         backbone,
@@ -405,16 +452,8 @@ fn run(
     }
     let reply = match result {
         Ok(mut generation) => {
-            if let (Some((roots, pid)), Some(Counters::Read(b))) = (npu, &before) {
-                let pid = *pid;
-                // No context of this pid (a PID namespace the driver does not see into, a
-                // provider that never opened one): not countable, which is not "none".
-                generation.npu_commands = match sample_counters(roots) {
-                    Counters::Read(a) if a.completions_of(pid).is_some() => {
-                        Some(xdna::completed_between(b, &a, pid))
-                    }
-                    _ => None,
-                };
+            if let (Some(w), Some(b)) = (npu, &before) {
+                generation.npu_commands = w.commands_since(b);
             }
             Reply::Done {
                 id: g.id,

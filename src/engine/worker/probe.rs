@@ -46,8 +46,11 @@ pub struct CounterSummary {
     /// The driver (`DRM_IOCTL_VERSION`) and the query that answered.
     pub driver: Option<String>,
     pub query: Option<String>,
-    /// The worker's pid as the driver records it.
+    /// The worker's pid as the driver records it (its own where no context was identified).
     pub pid: Option<i64>,
+    /// The worker's hardware contexts, those created with its session (`None`: none
+    /// identified).
+    pub context_ids: Option<Vec<u32>>,
     /// Hardware contexts on the device (every process's), after the run.
     pub contexts: Option<usize>,
     /// This worker's completed commands before and after the evidence decode steps (`None`: it
@@ -65,6 +68,7 @@ impl CounterSummary {
             driver: None,
             query: None,
             pid: None,
+            context_ids: None,
             contexts: None,
             completions_before: None,
             completions_after: None,
@@ -74,10 +78,13 @@ impl CounterSummary {
                 c.state = "read";
                 c.driver = Some(a.driver.to_string());
                 c.query = Some(a.query.to_string());
-                c.pid = Some(e.pid);
+                c.pid = Some(r.ours.as_ref().map_or(e.pid, |o| o.pid));
                 c.contexts = Some(a.contexts.len());
-                c.completions_before = b.completions_of(e.pid);
-                c.completions_after = a.completions_of(e.pid);
+                if let Some(o) = &r.ours {
+                    c.context_ids = Some(o.context_ids.clone());
+                    c.completions_before = b.completions_of(o);
+                    c.completions_after = a.completions_of(o);
+                }
             }
             (Some(Counters::Failed { reason }), _) | (_, Some(Counters::Failed { reason })) => {
                 c.state = "failed";
@@ -88,6 +95,12 @@ impl CounterSummary {
                 c.state = "unavailable";
                 c.reason = Some(reason.clone());
             }
+            _ if r.state == ResidencyState::Failed => {
+                c.reason = Some(format!(
+                    "no NPU work ran: the provider could not be set up ({})",
+                    r.reasons.join("; ")
+                ));
+            }
             _ => {}
         }
         c
@@ -96,17 +109,23 @@ impl CounterSummary {
     fn text(&self) -> String {
         match self.state {
             "read" => format!(
-                "{} on {}: {} contexts; this worker (pid {}): completions {} -> {}",
+                "{} on {}: {} contexts; this worker (pid {}, contexts {}): completions {} -> {}",
                 self.query.as_deref().unwrap_or("?"),
                 self.driver.as_deref().unwrap_or("?"),
                 self.contexts.unwrap_or(0),
                 self.pid.unwrap_or(0),
+                self.context_ids
+                    .as_ref()
+                    .map_or_else(|| "none identified".to_owned(), |ids| format!("{ids:?}")),
                 self.completions_before
                     .map_or_else(|| "no context".to_owned(), |n| n.to_string()),
                 self.completions_after
                     .map_or_else(|| "no context".to_owned(), |n| n.to_string()),
             ),
-            "not_read" => "unknown (not read)".to_owned(),
+            "not_read" => match &self.reason {
+                Some(why) => format!("unknown (not read: {why})"),
+                None => "unknown (not read)".to_owned(),
+            },
             state => format!("{state}: {}", self.reason.as_deref().unwrap_or("?")),
         }
     }

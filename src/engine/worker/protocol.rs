@@ -47,11 +47,14 @@ pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest frame either side accepts (a prompt of the whole 4K budget is ~40 KB).
 pub const MAX_FRAME: usize = 16 << 20;
 
-/// The variables the worker reports in `hello` (the ones the NPU environment rules set).
-pub const REPORTED_ENV: [&str; 3] = [
+/// The variables the worker reports in `hello` (the ones the NPU environment rules set, and
+/// XRT's configuration file).
+pub const REPORTED_ENV: [&str; 5] = [
     crate::npu::env::XILINX_XRT_VAR,
     crate::npu::env::LD_LIBRARY_PATH_VAR,
     crate::npu::env::RYZENAI_EP_PATH_VAR,
+    crate::npu::env::RYZEN_AI_INSTALLATION_PATH_VAR,
+    crate::npu::doctor::XRT_INI_PATH_VAR,
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -58,7 +58,19 @@ pub mod names {
     pub const KERNEL_LOG: &str = "kernel log";
     pub const VENV_RUNTIME: &str = "venv ONNX Runtime";
     pub const RESIDENCY: &str = "residency";
+    pub const XRT_HEAP: &str = "XRT heap";
 }
+
+/// XRT's configuration file, when set (XRT reads it before any other xrt.ini).
+pub const XRT_INI_PATH_VAR: &str = "XRT_INI_PATH";
+/// AMD's NPU shim sizes the device heap in pages of this many bytes (`Debug.num_heap_pages`,
+/// default 1; the shim caps the heap at 512 MiB).
+pub const HEAP_PAGE_BYTES: u64 = 64 << 20;
+/// The pages AMD's Ryzen AI 1.7.1 Linux LLM instructions set (`[Debug] num_heap_pages = 8`).
+pub const LLM_HEAP_PAGES: u64 = 8;
+/// The device memory the kernel's own amdxdna allows one client (`AIE2_DEVM_SIZE`, 64 MiB);
+/// AMD's newer out-of-tree driver allows up to 512 MiB.
+pub const IN_TREE_DEVM_BYTES: u64 = 64 << 20;
 
 /// The firmware directory amdxdna requests for each (PCI device, revision) it binds, under the
 /// firmware search path. From Linux drivers/accel/amdxdna/amdxdna_pci_drv.c `amdxdna_ids`
@@ -134,6 +146,10 @@ pub struct DoctorInputs {
     pub xilinx_xrt: Option<PathBuf>,
     /// The worker executable (a provider copy beside it wins over the venv's).
     pub worker_exe: Option<PathBuf>,
+    /// $XRT_INI_PATH.
+    pub xrt_ini: Option<PathBuf>,
+    /// The working directory the worker inherits (XRT's last place to look for xrt.ini).
+    pub cwd: Option<PathBuf>,
     /// Residency as a probe measured it (`doctor --model PKG`); None: not measured.
     pub probed: Option<Probed>,
 }
@@ -156,6 +172,8 @@ impl DoctorInputs {
             xrt_root_knob: e.xrt_root_knob,
             xilinx_xrt: e.xilinx_xrt,
             worker_exe: (!worker.as_os_str().is_empty()).then_some(worker),
+            xrt_ini: crate::native::env_path(XRT_INI_PATH_VAR),
+            cwd: std::env::current_dir().ok(),
             probed: None,
         }
     }
@@ -170,7 +188,7 @@ pub fn run(inputs: &DoctorInputs, host: &dyn Host) -> Report {
         checks: Vec::new(),
     };
     let module_loaded = d.module();
-    d.driver(module_loaded);
+    let build = d.driver(module_loaded);
     let pci = d.pci();
     d.firmware_file(pci.as_ref());
     d.accel(module_loaded);
@@ -178,6 +196,7 @@ pub fn run(inputs: &DoctorInputs, host: &dyn Host) -> Report {
     d.memlock();
     d.hugepages();
     let smi = d.xrt();
+    d.xrt_heap(build);
     if d.venv() {
         d.python();
         d.provider();
@@ -228,6 +247,15 @@ pub fn residency_check(probed: Option<&Probed>) -> Check {
              --model PKG",
         ),
     }
+}
+
+/// Which amdxdna the kernel loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DriverBuild {
+    /// The kernel's own (`drivers/accel/amdxdna`).
+    InTree,
+    /// AMD's DKMS build.
+    OutOfTree,
 }
 
 struct Doctor<'a> {
@@ -332,7 +360,7 @@ impl Doctor<'_> {
 
     /// Which amdxdna the kernel loads, by `modinfo`: AMD's DKMS build (under `updates/` or
     /// `extra/`, with a version) or the kernel's own (`kernel/drivers/accel/amdxdna`).
-    fn driver(&mut self, module_loaded: bool) {
+    fn driver(&mut self, module_loaded: bool) -> Option<DriverBuild> {
         let info = match self.host.modinfo("amdxdna") {
             Ok(i) => i,
             Err(e) => {
@@ -341,7 +369,7 @@ impl Doctor<'_> {
                     format!("unknown: {e}"),
                     "modinfo amdxdna (kmod) says which build the kernel loads",
                 ));
-                return;
+                return None;
             }
         };
         let field = |k: &str| {
@@ -350,12 +378,15 @@ impl Doctor<'_> {
         };
         let file = field("filename:").unwrap_or_default();
         let version = field("version:");
-        let build = if file.contains("/updates/") || file.contains("/extra/") {
-            "out-of-tree (DKMS; AMD's xrt_plugin amdxdna)"
+        let (kind, build) = if file.contains("/updates/") || file.contains("/extra/") {
+            (
+                Some(DriverBuild::OutOfTree),
+                "out-of-tree (DKMS; AMD's xrt_plugin amdxdna)",
+            )
         } else if file.contains("/kernel/drivers/accel/amdxdna/") || file == "(builtin)" {
-            "in-tree (the kernel's own)"
+            (Some(DriverBuild::InTree), "in-tree (the kernel's own)")
         } else {
-            "unrecognised location"
+            (None, "unrecognised location")
         };
         let detail = format!(
             "{build}: {}{}{}",
@@ -374,6 +405,101 @@ impl Doctor<'_> {
             }
         );
         self.push(Check::pass(names::DRIVER, detail));
+        kind
+    }
+
+    /// The device heap XRT will ask for (`Debug.num_heap_pages` in the xrt.ini XRT reads, in
+    /// its order: $XRT_INI_PATH, xrt.ini beside the executable, xrt.ini in the working
+    /// directory) against AMD's LLM setting and what the driver grants one client.
+    fn xrt_heap(&mut self, build: Option<DriverBuild>) {
+        let candidates = [
+            self.i.xrt_ini.clone().map(|p| (p, "$XRT_INI_PATH")),
+            self.i
+                .worker_exe
+                .as_ref()
+                .and_then(|w| w.parent())
+                .map(|d| (d.join("xrt.ini"), "beside the worker")),
+            self.i
+                .cwd
+                .as_ref()
+                .map(|d| (d.join("xrt.ini"), "in the working directory")),
+        ];
+        let mut source = "no xrt.ini (XRT's default)".to_owned();
+        let mut pages = 1u64;
+        for (path, whence) in candidates.into_iter().flatten() {
+            let text = match read(&path) {
+                Ok(t) => t,
+                // $XRT_INI_PATH names a file XRT will fail to read: say so.
+                Err(e) if whence == "$XRT_INI_PATH" => {
+                    self.push(Check::fail(
+                        names::XRT_HEAP,
+                        format!("XRT_INI_PATH={}: {e}", path.display()),
+                        "point XRT_INI_PATH at a readable xrt.ini (docs/npu.md, \"XRT heap\")",
+                    ));
+                    return;
+                }
+                Err(_) => continue,
+            };
+            source = format!("{} ({whence})", path.display());
+            match parse::ini_value(&text, "Debug", "num_heap_pages") {
+                Some(v) => match v.parse::<u64>() {
+                    Ok(n) if n > 0 => pages = n,
+                    _ => {
+                        self.push(Check::fail(
+                            names::XRT_HEAP,
+                            format!("{source}: num_heap_pages = {v:?} is not a page count"),
+                            "write `num_heap_pages = 8` under [Debug]",
+                        ));
+                        return;
+                    }
+                },
+                None => source.push_str(", no [Debug] num_heap_pages"),
+            }
+            break;
+        }
+        let heap = (pages * HEAP_PAGE_BYTES).min(512 << 20);
+        let detail = format!(
+            "num_heap_pages = {pages} from {source}: XRT asks for a {} MiB device heap",
+            heap >> 20
+        );
+        let fix_pages = format!(
+            "AMD's LLM instructions set it: an xrt.ini with `[Debug]` `num_heap_pages = \
+             {LLM_HEAP_PAGES}` and XRT_INI_PATH=/path/to/xrt.ini (docs/npu.md, \"XRT heap\")"
+        );
+        match build {
+            Some(DriverBuild::InTree) if heap > IN_TREE_DEVM_BYTES => self.push(Check::fail(
+                names::XRT_HEAP,
+                format!(
+                    "{detail}, but the kernel's own amdxdna grants a client at most {} MiB \
+                     (AIE2_DEVM_SIZE): the heap allocation fails",
+                    IN_TREE_DEVM_BYTES >> 20
+                ),
+                "use AMD's amdxdna (route A in docs/npu.md) for the LLM heap, or set \
+                 num_heap_pages = 1 (64 MiB) and check the package loads",
+            )),
+            // Nothing to change here: more than the driver grants would fail.
+            Some(DriverBuild::InTree) => self.push(Check::pass(
+                names::XRT_HEAP,
+                format!(
+                    "{detail}, the most the kernel's own amdxdna grants a client (AIE2_DEVM_SIZE); \
+                     AMD's LLM instructions ask for {} MiB on AMD's driver: a package whose \
+                     load fails to allocate on the NPU needs route A (docs/npu.md)",
+                    (LLM_HEAP_PAGES * HEAP_PAGE_BYTES) >> 20
+                ),
+            )),
+            _ if pages < LLM_HEAP_PAGES => {
+                self.push(Check::warn(names::XRT_HEAP, detail, fix_pages))
+            }
+            Some(DriverBuild::OutOfTree) => self.push(Check::pass(
+                names::XRT_HEAP,
+                format!("{detail} (AMD's driver grants up to 512 MiB)"),
+            )),
+            None => self.push(Check::warn(
+                names::XRT_HEAP,
+                format!("{detail}; what the driver grants one client is unknown (its build is)"),
+                "the kernel's own amdxdna grants 64 MiB; AMD's driver up to 512 MiB",
+            )),
+        }
     }
 
     /// Runs the hardware-context query residency depends on; returns the driver's version as

@@ -3,6 +3,30 @@
 
 use std::cmp::Ordering;
 
+/// `key`'s value in `[section]` of an ini file as XRT reads xrt.ini (boost's ini parser: names
+/// compared exactly, `;` and `#` start comment lines, the last of repeated keys wins).
+pub fn ini_value(text: &str, section: &str, key: &str) -> Option<String> {
+    let mut current = String::new();
+    let mut found = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            current = name.trim().to_owned();
+            continue;
+        }
+        if current == section
+            && let Some((k, v)) = line.split_once('=')
+            && k.trim() == key
+        {
+            found = Some(v.trim().to_owned());
+        }
+    }
+    found
+}
+
 /// Leading numeric components of a version: `1.0.0.166` -> `[1, 0, 0, 166]`,
 /// `2.19.0_20250122` -> `[2, 19, 0]`, `v0.6` -> `[0, 6]`. None when there is no number at all.
 pub fn version_parts(s: &str) -> Option<Vec<u64>> {

@@ -126,6 +126,8 @@ impl Fake {
             xrt_root_knob: Some(self.xrt()),
             xilinx_xrt: None,
             worker_exe: Some(self.root.join("bin/onebit-tts")),
+            xrt_ini: None,
+            cwd: None,
             probed: None,
         }
     }
@@ -259,8 +261,8 @@ fn healthy_system_passes_everything() {
         assert!(c.fix.is_none());
     }
     assert_eq!(r.exit_code(), 0);
-    assert_eq!(r.checks.len(), 20, "{}", r.to_text());
-    assert!(r.to_text().ends_with("19 pass, 0 warn, 0 fail, 1 skip\n"));
+    assert_eq!(r.checks.len(), 21, "{}", r.to_text());
+    assert!(r.to_text().ends_with("20 pass, 0 warn, 0 fail, 1 skip\n"));
     assert_eq!(
         only(&r, names::HW_COUNTERS).detail,
         "GET_ARRAY(HW_CONTEXT_ALL) answered by amdxdna_accel_driver 0.6.0: 2 hardware contexts \
@@ -340,6 +342,75 @@ fn which_driver_build_is_loaded() {
     let c = only(&rep, names::DRIVER);
     assert_eq!(c.status, Status::Warn);
     assert!(c.detail.starts_with("unknown: "), "{}", c.detail);
+}
+
+#[test]
+fn the_xrt_heap_against_what_the_driver_grants() {
+    let f = Fake::healthy("heap");
+    let mut h = f.host();
+    // In-tree driver, no xrt.ini: XRT's one page, all the driver grants.
+    let rep = run(&f.inputs(), &h);
+    let c = only(&rep, names::XRT_HEAP);
+    assert_eq!(c.status, Status::Pass, "{}", rep.to_text());
+    assert!(
+        c.detail.starts_with(
+            "num_heap_pages = 1 from no xrt.ini (XRT's default): XRT asks for a 64 MiB device \
+             heap, the most the kernel's own amdxdna grants a client (AIE2_DEVM_SIZE)"
+        ),
+        "{}",
+        c.detail
+    );
+    // AMD's LLM setting on the in-tree driver: the allocation cannot succeed.
+    let ini = f.root.join("etc/xrt.ini");
+    write(
+        &ini,
+        "; AMD's LLM setting\n[Runtime]\nverbosity = 4\n[Debug]\nnum_heap_pages = 8\n",
+    );
+    let mut i = f.inputs();
+    i.xrt_ini = Some(ini.clone());
+    let rep = run(&i, &h);
+    let c = only(&rep, names::XRT_HEAP);
+    assert_eq!(c.status, Status::Fail, "{}", rep.to_text());
+    assert_eq!(
+        c.detail,
+        format!(
+            "num_heap_pages = 8 from {} ($XRT_INI_PATH): XRT asks for a 512 MiB device heap, but \
+             the kernel's own amdxdna grants a client at most 64 MiB (AIE2_DEVM_SIZE): the heap \
+             allocation fails",
+            ini.display()
+        )
+    );
+    assert!(fix(c).contains("route A"), "{}", fix(c));
+    // AMD's driver with 8 pages: as AMD's instructions set it.
+    h.modinfo = Some("filename:       /lib/modules/6.14.0/updates/dkms/amdxdna.ko.zst\n".into());
+    let rep = run(&i, &h);
+    assert_eq!(
+        status(&rep, names::XRT_HEAP),
+        Status::Pass,
+        "{}",
+        rep.to_text()
+    );
+    // AMD's driver without the setting: the fix names it.
+    i.xrt_ini = None;
+    let rep = run(&i, &h);
+    let c = only(&rep, names::XRT_HEAP);
+    assert_eq!(c.status, Status::Warn);
+    assert!(fix(c).contains("num_heap_pages = 8"), "{}", fix(c));
+    // An xrt.ini beside the worker is read when XRT_INI_PATH is unset.
+    write(&f.root.join("bin/xrt.ini"), "[Debug]\nnum_heap_pages=8\n");
+    let rep = run(&i, &h);
+    let c = only(&rep, names::XRT_HEAP);
+    assert_eq!(c.status, Status::Pass);
+    assert!(c.detail.contains("(beside the worker)"), "{}", c.detail);
+    // A bad value, and an XRT_INI_PATH that names nothing, fail.
+    write(&ini, "[Debug]\nnum_heap_pages = eight\n");
+    i.xrt_ini = Some(ini);
+    assert_eq!(status(&run(&i, &h), names::XRT_HEAP), Status::Fail);
+    i.xrt_ini = Some(f.root.join("nowhere/xrt.ini"));
+    let rep = run(&i, &h);
+    let c = only(&rep, names::XRT_HEAP);
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.detail.starts_with("XRT_INI_PATH="), "{}", c.detail);
 }
 
 #[test]
@@ -948,6 +1019,7 @@ fn residency_line_needs_a_probe() {
             state,
             reasons: reasons.iter().map(|r| r.to_string()).collect(),
             evidence: Default::default(),
+            ours: None,
         },
     };
     let mut i = f.inputs();
