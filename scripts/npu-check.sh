@@ -23,8 +23,17 @@
 #   5. /health says residency "state":"proven" (placement by weight + the driver's counters or
 #      busy time, from the worker)
 #   6. /health's "last_request": the NPU commands of the speech request of 2 (as in s)
-#   x. `xrt-smi examine -r aie-partitions`, recorded while the worker holds the NPU (after s
-#      with SERVE=0). An INFO line, never a failure: without xrt-smi it says "unknown"
+#   x. `xrt-smi examine -r aie-partitions`, recorded while the worker holds the NPU: once
+#      before the speech request of 2 and once after it (once, after s, with SERVE=0). INFO
+#      lines, never a failure by themselves: without xrt-smi they say "unknown"
+#   y. contexts survive readings: the session's hardware contexts (/health's residency.ours:
+#      the driver's pid and the context ids) that xrt-smi shows before the speech request still
+#      show after it (PASS), or one is gone (FAIL). A worker log line saying the driver
+#      destroyed the session's contexts (its npu_commands then null) is a FAIL too. Without
+#      xrt-smi, without identified contexts, or when xrt-smi's output cannot be read: INFO,
+#      not judged (XRT's output format has not been seen here)
+#   n. which way the worker told its contexts apart (/health's residency.ours.identified); with
+#      CONTAINER=1 a PASS for "creation" (the container's own PID namespace)
 #   7. one SIGTERM to the server ends server and worker within the stop grace
 #   8. nothing was SIGKILLed on the way down
 #   9. the kernel log of the whole run (every line since the lock was taken, not only amdxdna's)
@@ -32,7 +41,8 @@
 #      is read after shutdown, because the device's close path is where SIGKILL damage shows up
 # Then it writes one JSON report to attach to a bug report ($REPORT): the criteria, doctor's and
 # the probe's JSON with their exit codes, the say run's JSON and NPU commands, the server's NPU
-# commands, xrt-smi's output, the kernel log window, versions, the server log tail.
+# commands, the session's contexts from /health, xrt-smi's outputs before and after the speech
+# request, the kernel log window, versions, the server log tail.
 # Exit status: 0 when every criterion passed, 1 otherwise, 2 on bad usage, 3 when another check
 # holds the lock.
 #
@@ -46,13 +56,22 @@
 #   NO_BUILD=1         use the binary as built (BIN, default target/release/onebit-tts)
 #   HEALTH_TIMEOUT     seconds to wait for /health (default: 300; first NPU loads compile)
 #   SERVE_EXTRA_ARGS   extra words for `onebit-tts serve` (word-split)
-#   SERVE=0            no server (criteria 1-8 left out): doctor, probe, say, xrt-smi, kernel log
+#   SERVE=0            no server (criteria 1-8, y and n left out): doctor, probe, say, one
+#                      xrt-smi reading, kernel log
 #   SAY=0              leave out the say run (criterion s)
 #   SAY_MAX_CODES      code limit of the say run (default: 200, 4 s of audio)
 #   REPORT             where the JSON report goes (default: <work dir>/npu-check-report.json)
 #   NPU_CHECK_LOCK     lock file (default: ${XDG_RUNTIME_DIR:-/tmp}/onebit-npu-check.lock)
 #   LOCK_WAIT          seconds to wait for a check that holds the lock (default 0: say busy,
 #                      exit 3)
+#   CONTAINER=1        the check runs inside the npu image (docs/npu.md, "scripts/npu-check.sh"
+#                      has the podman line, with the npu overlay's mounts): no build, BIN
+#                      defaults to the image's /opt/onebit-tts/bin/onebit-tts, and criterion n
+#                      expects the contexts identified by "creation" (the container's own PID
+#                      namespace; the driver records host pids; "creation_and_pid" is a WARN).
+#                      A container seldom may read the kernel log: criterion 9 then fails, and
+#                      the host's log for the run's window (the report's kernel_log.since)
+#                      is to be read on the host. The script starts no container
 #
 # It never SIGKILLs anything: if the server or worker outlives the check it says so and leaves
 # them, because SIGKILL of an NPU holder has left amdxdna errors and once panicked a machine. A
@@ -71,7 +90,14 @@ PORT="${PORT:-18089}"
 HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-300}"
 GRACE="${ONEBIT_BACKEND_STOP_GRACE_S:-30}"
 case "$GRACE" in '' | *[!0-9]*) GRACE=30 ;; esac
-BIN="${BIN:-$root/target/release/onebit-tts}"
+CONTAINER="${CONTAINER:-0}"
+if [ "$CONTAINER" = 1 ]; then
+    # Inside the npu image: its own binary, no cargo.
+    BIN="${BIN:-/opt/onebit-tts/bin/onebit-tts}"
+    NO_BUILD=1
+else
+    BIN="${BIN:-$root/target/release/onebit-tts}"
+fi
 URL="http://$HOST:$PORT"
 SERVE="${SERVE:-1}"
 SAY="${SAY:-1}"
@@ -95,6 +121,10 @@ case "$SAY_MAX_CODES" in '' | *[!0-9]*)
 esac
 if ! command -v flock >/dev/null; then
     echo "npu-check: flock (util-linux) is needed to keep checks one at a time" >&2
+    exit 2
+fi
+if [ "$SERVE" != 0 ] && ! command -v curl >/dev/null; then
+    echo "npu-check: curl is needed to talk to the server (SERVE=0 leaves the server out)" >&2
     exit 2
 fi
 
@@ -138,9 +168,17 @@ say_device=""
 say_commands=""
 server_commands=""
 smi_path=""
-smi_rc=""
-smi_when=""
-smi_names_worker=""
+# One xrt-smi reading per slot: "before" and "after" the speech request (SERVE=0: "after" only).
+# record_xrt_smi sets them with printf -v, smi_json reads them by name (${!name}).
+smi_rc_before=""
+smi_rc_after=""
+# shellcheck disable=SC2034  # read by name in smi_json
+smi_when_before="" smi_when_after="" smi_names_worker_before="" smi_names_worker_after=""
+# The session's contexts as /health names them (residency.ours): the driver's pid, the context
+# ids (space-separated) and how they were identified.
+ours_pid=""
+ours_ids=""
+ours_identified=""
 klog_source=""
 
 # Each criterion is printed and recorded (tab-separated) for the report.
@@ -280,45 +318,161 @@ json_get() { # file object field -> value
 flat_num() { grep -o "\"$2\":[0-9a-z]*" "$1" 2>/dev/null | head -n 1 | cut -d: -f2; }
 flat_str() { grep -o "\"$2\":\"[^\"]*\"" "$1" 2>/dev/null | head -n 1 | cut -d'"' -f4; }
 
+# /health's residency.ours, the session's hardware contexts as the worker identified them
+# (compact JSON, one object without nested ones: {"context_ids":[..],"identified":"..","pid":N},
+# in whatever key order): sets ours_pid, ours_ids and ours_identified; nothing when it is null.
+read_ours() { # health.json
+    local obj
+    obj="$(grep -oE '"ours": ?\{[^}]*\}' "$1" 2>/dev/null | head -n 1)"
+    [ -n "$obj" ] || return 1
+    ours_pid="$(printf '%s' "$obj" | grep -oE '"pid": ?-?[0-9]+' | head -n 1 | grep -oE -- '-?[0-9]+$')"
+    ours_ids="$(printf '%s' "$obj" | grep -oE '"context_ids": ?\[[0-9, ]*\]' | head -n 1 |
+        sed -e 's/.*\[//' -e 's/\]//' | tr ',' ' ' | tr -s ' ' | sed -e 's/^ //' -e 's/ $//')"
+    ours_identified="$(printf '%s' "$obj" | grep -oE '"identified": ?"[a-z_]*"' | head -n 1 | cut -d'"' -f4)"
+}
+
+# The (pid, context id) pairs of an `xrt-smi examine -r aie-partitions` text output, one
+# "PID CTX" per line. XRT's source (Xilinx/XRT, ReportAiePartitions.cpp, as read there) prints
+# each hardware context as a table whose first row is `|PID |Ctx ID |Submissions |...`; only
+# rows whose first two cells are whole numbers count. The output of XRT 2.25 itself has not been
+# seen here: when no row reads this way, nothing is judged.
+smi_pairs() { # file
+    sed -n 's/^[[:space:]]*|[[:space:]]*\([0-9][0-9]*\)[[:space:]]*|[[:space:]]*\([0-9][0-9]*\)[[:space:]]*|.*$/\1 \2/p' "$1" 2>/dev/null
+}
+# Whether the output could be read: rows as above, or XRT's "no hardware contexts" sentence.
+smi_readable() { # file
+    [ -n "$(smi_pairs "$1")" ] || grep -qi 'no hardware contexts' "$1" 2>/dev/null
+}
+# Which of the session's context ids (ours_ids, with ours_pid) an output shows, space-separated.
+smi_ours() { # file
+    local id shown=""
+    for id in $ours_ids; do
+        if smi_pairs "$1" | grep -qx "$ours_pid $id"; then shown="$shown $id"; fi
+    done
+    printf '%s' "${shown# }"
+}
+
 # xrt-smi's own view of the NPU's hardware contexts (`xrt-smi examine -r aie-partitions`, the
 # counters residency reads), from the XRT tree the worker uses: ONEBIT_XRT_ROOT, else XILINX_XRT,
-# else /opt/xilinx/xrt, else one on PATH. Recorded, never a failure: without xrt-smi the report
-# says "unknown". Whether its output names the worker's pid is noted, not judged (its format is
-# XRT's and has not been seen here).
-record_xrt_smi() { # when
-    local xrt="${ONEBIT_XRT_ROOT:-${XILINX_XRT:-/opt/xilinx/xrt}}" limit=""
-    smi_when="$1"
+# else /opt/xilinx/xrt, else one on PATH. Recorded per slot ("before" or "after" the speech
+# request), never a failure by itself: without xrt-smi the report says "unknown". Whether its
+# output names the worker's pid is noted, not judged (inside a container the worker's own pid is
+# not the one the driver records); criterion y compares the session's contexts across the two.
+record_xrt_smi() { # slot when
+    local slot="$1" when="$2" xrt="${ONEBIT_XRT_ROOT:-${XILINX_XRT:-/opt/xilinx/xrt}}" limit=""
+    local out="$work/xrt-smi.$1.out" rc names="" ours=""
+    printf -v "smi_when_$slot" '%s' "$when"
     if [ -x "$xrt/bin/xrt-smi" ]; then
         smi_path="$xrt/bin/xrt-smi"
     elif smi_path="$(command -v xrt-smi 2>/dev/null)" && [ -n "$smi_path" ]; then
         xrt="$(dirname "$(dirname "$smi_path")")"
     else
         smi_path=""
-        note xrt-smi "unknown: no xrt-smi in $xrt/bin or on PATH"
+        note xrt-smi "unknown ($slot): no xrt-smi in $xrt/bin or on PATH"
         return 0
     fi
     if command -v timeout >/dev/null; then limit="timeout 60"; fi
     # An unpacked XRT tree runs only with its own environment; XRT's setup.sh sets the same.
     # shellcheck disable=SC2086  # $limit is empty or two words on purpose
     XILINX_XRT="$xrt" LD_LIBRARY_PATH="$xrt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        $limit "$smi_path" examine -r aie-partitions >"$work/xrt-smi.out" 2>&1
-    smi_rc=$?
-    local names=""
+        $limit "$smi_path" examine -r aie-partitions >"$out" 2>&1
+    rc=$?
+    printf -v "smi_rc_$slot" '%s' "$rc"
     if [ -n "$worker" ]; then
-        if grep -qw "$worker" "$work/xrt-smi.out"; then
-            smi_names_worker=true
+        if grep -qw "$worker" "$out"; then
+            printf -v "smi_names_worker_$slot" true
             names="; it names worker pid $worker"
         else
-            smi_names_worker=false
+            printf -v "smi_names_worker_$slot" false
             names="; it does not name worker pid $worker"
         fi
     fi
-    if [ "$smi_rc" = 0 ]; then
-        note xrt-smi "examine -r aie-partitions answered ($smi_when)$names; output in the report"
-        head -n 30 "$work/xrt-smi.out" | sed 's/^/      /'
-    else
-        warn xrt-smi "examine -r aie-partitions exit $smi_rc$([ "$smi_rc" = 124 ] && echo ' (timed out after 60 s)') ($smi_when): $(tail -n 1 "$work/xrt-smi.out" | cut -c1-200)"
+    if [ -n "$ours_pid" ] && [ -n "$ours_ids" ]; then
+        if ! smi_readable "$out"; then
+            ours="; its format was not read, so the session's contexts are not looked for"
+        else
+            ours="; of the session's contexts (pid $ours_pid, [$ours_ids]) it shows [$(smi_ours "$out")]"
+        fi
     fi
+    if [ "$rc" = 0 ]; then
+        note xrt-smi "examine -r aie-partitions answered ($slot: $when)$names$ours; output in the report"
+        head -n 30 "$out" | sed 's/^/      /'
+    else
+        warn xrt-smi "examine -r aie-partitions exit $rc$([ "$rc" = 124 ] && echo ' (timed out after 60 s)') ($slot: $when): $(tail -n 1 "$out" | cut -c1-200)"
+    fi
+}
+
+# y. The session's hardware contexts survive the worker's own readings around a request (its
+# counter reader is an fd of its own; a duplicate of XRT's fd, closed, would destroy them).
+contexts_survive() {
+    local name="contexts survive readings" destroyed before after id gone=""
+    destroyed="$(grep -h -m1 'are gone: the driver destroyed them' "$log" "$work/say.err" 2>/dev/null | head -n 1 | cut -c1-300)"
+    if [ -n "$destroyed" ]; then
+        fail "$name" "the worker says the driver destroyed its session's hardware contexts (/health npu_commands ${server_commands:-missing}): $destroyed"
+        return
+    fi
+    if [ -z "$ours_pid" ] || [ -z "$ours_ids" ]; then
+        note "$name" "unknown: /health names no hardware context of the session (residency.ours is null), so there is nothing to follow"
+        return
+    fi
+    if [ -z "$smi_path" ]; then
+        note "$name" "unknown: no xrt-smi to read the contexts with (the session's: pid $ours_pid, [$ours_ids])"
+        return
+    fi
+    if [ "$smi_rc_before" != 0 ] || [ "$smi_rc_after" != 0 ]; then
+        note "$name" "not judged: xrt-smi did not answer both times (exit ${smi_rc_before:-not run} before, ${smi_rc_after:-not run} after)"
+        return
+    fi
+    if ! smi_readable "$work/xrt-smi.before.out" || ! smi_readable "$work/xrt-smi.after.out"; then
+        note "$name" "not judged: xrt-smi's output has no row this script can read as |PID |Ctx ID | (its format is XRT's; both outputs are in the report)"
+        return
+    fi
+    before="$(smi_ours "$work/xrt-smi.before.out")"
+    if [ -z "$before" ]; then
+        note "$name" "not judged: xrt-smi before the request shows none of the session's contexts (pid $ours_pid, [$ours_ids]; rows: $(smi_pairs "$work/xrt-smi.before.out" | tr '\n' ';' | cut -c1-200))"
+        return
+    fi
+    after="$(smi_ours "$work/xrt-smi.after.out")"
+    for id in $before; do
+        case " $after " in *" $id "*) ;; *) gone="$gone $id" ;; esac
+    done
+    if [ -n "$gone" ]; then
+        fail "$name" "context(s) [${gone# }] of pid $ours_pid, shown by xrt-smi before the speech request, are gone after it (after: [$after])"
+    else
+        pass "$name" "contexts [$before] of pid $ours_pid (/health residency.ours, identified by ${ours_identified:-?}) shown by xrt-smi before and after the speech request"
+    fi
+}
+
+# n. How the worker told its contexts apart; inside a container (CONTAINER=1) by creation alone.
+context_identity() {
+    local name="context identity"
+    if [ -z "$ours_pid" ]; then
+        note "$name" "/health names no hardware context of the session (residency.ours is null; the residency criterion has the reasons)"
+    elif [ "$CONTAINER" != 1 ]; then
+        note "$name" "${ours_identified:-?}: pid $ours_pid, contexts [$ours_ids]"
+    elif [ "$ours_identified" = creation ]; then
+        pass "$name" "creation: contexts [$ours_ids], created with the session, under pid $ours_pid as the driver records it (the container's own PID namespace)"
+    else
+        warn "$name" "${ours_identified:-?} (pid $ours_pid, contexts [$ours_ids]): the container seems to share the host's PID namespace, so the in-container identification was not what this run exercised"
+    fi
+}
+
+# One xrt-smi reading for the report: its object, or null when the slot never ran.
+smi_json() { # slot
+    local slot="$1" w="smi_when_$1" r="smi_rc_$1" n="smi_names_worker_$1" when rc names out state
+    when="${!w}" rc="${!r}" names="${!n}" out="$work/xrt-smi.$1.out"
+    if [ -z "$when" ]; then
+        printf 'null'
+        return
+    fi
+    if [ -z "$smi_path" ]; then state=unknown; elif [ -z "$rc" ]; then state=not_run; elif [ "$rc" = 0 ]; then state=answered; else state=failed; fi
+    printf '{"path": %s, "state": %s, "when": %s, "exit_code": %s, "names_worker_pid": %s, "ours_contexts": %s, "output": %s}' \
+        "$( [ -n "$smi_path" ] && json_str "$smi_path" || printf 'null')" "$(json_str "$state")" \
+        "$(json_str "$when")" "$(json_num "$rc")" "$(json_bool "$names")" \
+        "$(if [ "$rc" = 0 ] && [ -n "$ours_pid" ] && [ -n "$ours_ids" ] && smi_readable "$out"; then
+            printf '[%s]' "$(smi_ours "$out" | tr ' ' ',')"
+        else printf 'null'; fi)" \
+        "$(json_text "$out")"
 }
 
 # The report a user attaches to a bug report: everything this run saw, in one JSON file.
@@ -328,7 +482,8 @@ write_report() {
         printf '{\n"tool": "scripts/npu-check.sh",\n'
         printf '"started": %s,\n"finished": %s,\n' "$(json_str "$started")" "$(json_str "$(date -u +%Y-%m-%dT%H:%M:%SZ)")"
         printf '"exit_code": %s,\n"ok": %s,\n"failures": %s,\n' "$rc" "$([ "$rc" = 0 ] && echo true || echo false)" "$failures"
-        printf '"model": %s,\n"serve": %s,\n' "$(json_str "$MODEL")" "$([ "$SERVE" = 0 ] && echo false || echo true)"
+        printf '"model": %s,\n"serve": %s,\n"container": %s,\n' "$(json_str "$MODEL")" \
+            "$([ "$SERVE" = 0 ] && echo false || echo true)" "$([ "$CONTAINER" = 1 ] && echo true || echo false)"
         printf '"versions": {"onebit_tts": %s, "kernel": %s, "amdxdna_module": %s, "npu_firmware": %s},\n' \
             "$(json_str "$("$BIN" --version 2>/dev/null | head -n 1)")" "$(json_str "$(uname -r)")" \
             "$(json_str "$(read_first /sys/module/amdxdna/version)")" \
@@ -350,11 +505,11 @@ write_report() {
             "$(json_num "$say_rc")" "$( [ -n "$say_device" ] && json_str "$say_device" || printf 'null')" \
             "$(json_num "$say_commands")" "$(json_doc "$work/say.json")" "$(json_text "$work/say.err.tail")"
         printf '"server_npu_commands": %s,\n' "$(json_num "$server_commands")"
-        printf '"xrt_smi": {"path": %s, "state": %s, "when": %s, "exit_code": %s, "names_worker_pid": %s, "output": %s},\n' \
-            "$( [ -n "$smi_path" ] && json_str "$smi_path" || printf 'null')" \
-            "$(json_str "$(if [ -z "$smi_path" ]; then echo unknown; elif [ -z "$smi_rc" ]; then echo not_run; elif [ "$smi_rc" = 0 ]; then echo answered; else echo failed; fi)")" \
-            "$( [ -n "$smi_when" ] && json_str "$smi_when" || printf 'null')" \
-            "$(json_num "$smi_rc")" "$(json_bool "$smi_names_worker")" "$(json_text "$work/xrt-smi.out")"
+        printf '"ours": %s,\n' "$(if [ -n "$ours_pid" ]; then
+            printf '{"pid": %s, "context_ids": [%s], "identified": %s}' "$ours_pid" \
+                "$(printf '%s' "$ours_ids" | tr ' ' ',')" "$(json_str "$ours_identified")"
+        else printf 'null'; fi)"
+        printf '"xrt_smi": {"before": %s, "after": %s},\n' "$(smi_json before)" "$(smi_json after)"
         printf '"kernel_log": {"source": %s, "since": %s, "lines": %s, "flagged": %s, "other": %s},\n' \
             "$( [ -n "$klog_source" ] && json_str "$klog_source" || printf 'null')" "$(json_str "@$start_epoch")" \
             "$(json_lines "$work/klog")" "$(json_lines "$work/klog.flagged")" "$(json_lines "$work/klog.other")"
@@ -453,7 +608,7 @@ if [ "$SAY" != 0 ]; then
     else
         case "$say_commands" in
         0) fail say "say on ${say_device:-?}: codes made, but the NPU completed no command for them: a CPU fallback" ;;
-        '' | *[!0-9]*) warn say "say on ${say_device:-?}: NPU commands not countable (npu_commands ${say_commands:-missing}; the driver's counters could not be read)" ;;
+        '' | *[!0-9]*) warn say "say on ${say_device:-?}: NPU commands not countable (npu_commands ${say_commands:-missing}: the driver's counters could not be read, no context of the session was identified, or the driver destroyed them; say's log in the report)" ;;
         *) pass say "say on ${say_device:-?}: the NPU completed $say_commands commands for one request ($work/say.json)" ;;
         esac
     fi
@@ -489,6 +644,21 @@ if [ "$SERVE" != 0 ]; then
         tail -n 30 "$log" | sed 's/^/      /'
     fi
 
+    # The worker, and the session's contexts as /health names them (fixed once loaded).
+    for c in $(children_of "$server"); do
+        if tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -qw worker; then
+            worker="$c"
+        fi
+    done
+    if [ "$healthy" = 1 ]; then read_ours "$work/health.json"; fi
+
+    # x (before). xrt-smi's view while the worker holds the model, before the speech request.
+    if gone "$server"; then
+        record_xrt_smi before "server pid $server already gone"
+    else
+        record_xrt_smi before "before the speech request; server pid $server, worker pid ${worker:-unknown}"
+    fi
+
     # 2. Speech.
     if [ "$healthy" = 1 ]; then
         esc_text="$(printf '%s' "$TEXT" | sed 's/\\/\\\\/g; s/"/\\"/g')"
@@ -507,12 +677,14 @@ if [ "$SERVE" != 0 ]; then
         fail speech "skipped: server not healthy"
     fi
 
-    # 3. The worker holds the NPU.
-    for c in $(children_of "$server"); do
-        if tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -qw worker; then
-            worker="$c"
-        fi
-    done
+    # 3. The worker holds the NPU (looked for again: it may have started late).
+    if [ -z "$worker" ]; then
+        for c in $(children_of "$server"); do
+            if tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -qw worker; then
+                worker="$c"
+            fi
+        done
+    fi
     if [ -z "$worker" ]; then
         fail "accel held" "no worker child of server pid $server"
     elif holds_accel "$worker"; then
@@ -544,19 +716,23 @@ if [ "$SERVE" != 0 ]; then
         server_commands="$(flat_num "$work/health.json" npu_commands)"
         case "$server_commands" in
         0) fail "npu commands" "/health last_request: the NPU completed no command for the speech request: a CPU fallback" ;;
-        '' | *[!0-9]*) warn "npu commands" "/health last_request: npu_commands ${server_commands:-missing} (not countable: the driver's counters could not be read)" ;;
+        '' | *[!0-9]*) warn "npu commands" "/health last_request: npu_commands ${server_commands:-missing} (not countable: the driver's counters could not be read, no context of the session was identified, or the driver destroyed them: see \"contexts survive readings\")" ;;
         *) pass "npu commands" "/health last_request: the NPU completed $server_commands commands for the speech request" ;;
         esac
     else
         fail "npu commands" "not checked: no speech request finished"
     fi
 
-    # x. xrt-smi's view while the worker holds the NPU.
+    # x (after). xrt-smi's view again, after the speech request and the worker's readings
+    # around it; then y and n.
+    if [ "$healthy" = 1 ] && [ -r "$work/health.json" ]; then read_ours "$work/health.json"; fi
     if gone "$server"; then
-        record_xrt_smi "server pid $server already gone"
+        record_xrt_smi after "server pid $server already gone"
     else
-        record_xrt_smi "server pid $server running, worker pid ${worker:-unknown}"
+        record_xrt_smi after "after the speech request; server pid $server, worker pid ${worker:-unknown}"
     fi
+    contexts_survive
+    context_identity
 
     # 7 + 8. One SIGTERM ends everything, nothing SIGKILLed.
     if gone "$server"; then
@@ -595,7 +771,7 @@ if [ "$SERVE" != 0 ]; then
 
 else
     # x. Nothing of this check holds the NPU now: xrt-smi shows what else does.
-    record_xrt_smi "SERVE=0: no onebit-tts process on the NPU"
+    record_xrt_smi after "SERVE=0: no onebit-tts process on the NPU"
 fi # SERVE
 
 # 9. The kernel log of the whole run: every line since the lock was taken, not only the lines
@@ -624,7 +800,11 @@ if klog_source="$(kernel_log_since_start)"; then
     fi
 else
     klog_source=""
-    fail "kernel log" "not readable (run as root, or join systemd-journal/adm; kernel.dmesg_restrict)"
+    if [ "$CONTAINER" = 1 ]; then
+        fail "kernel log" "not readable inside the container (kernel.dmesg_restrict); on the host: journalctl -k --since @$start_epoch"
+    else
+        fail "kernel log" "not readable (run as root, or join systemd-journal/adm; kernel.dmesg_restrict)"
+    fi
 fi
 
 if [ "$failures" -eq 0 ]; then
