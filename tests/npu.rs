@@ -208,6 +208,17 @@ impl Host for Answers {
         _args: &[&str],
         _env: &[(&str, OsString)],
     ) -> Result<CommandOutput, NpuError> {
+        // The provider's libraries, as a box where they load (the real loader's answers are
+        // doctor_checks_that_the_provider_loads_on_the_workers_library_path's).
+        if program == Path::new("ldd") {
+            return Ok(CommandOutput {
+                code: Some(0),
+                stdout: "\tlibonnxruntime.so.1 => /venv/deployment/lib/libonnxruntime.so.1 \
+                         (0x00007f01)\n"
+                    .into(),
+                stderr: String::new(),
+            });
+        }
         Err(NpuError::Command {
             program: program.display().to_string(),
             reason: "not in this test".into(),
@@ -330,7 +341,7 @@ fn doctor_passes_a_ready_box() {
         "{text}"
     );
     assert!(
-        text.ends_with("npu doctor: 20 pass, 0 warn, 0 fail, 1 skip\n"),
+        text.ends_with("npu doctor: 21 pass, 0 warn, 0 fail, 1 skip\n"),
         "{text}"
     );
 }
@@ -1012,5 +1023,123 @@ fn a_process_with_an_npu_session_refuses_fork_and_exec() {
         "{:?}\n{stdout}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `cc` with `args`, panicking with its output on failure (CI installs a C compiler).
+fn cc(args: &[&str]) {
+    let out = Command::new("cc")
+        .args(args)
+        .output()
+        .expect("cc (build-essential, which scripts/setup.sh installs)");
+    assert!(
+        out.status.success(),
+        "cc {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// doctor's library line with the real loader (`ldd`) on libraries built here: a provider that
+/// needs `libonebitdep.so.1` at symbol version DEP_2.0, as AMD's need GLIBCXX or boost
+/// versions. It resolves with the right library on the worker's path; it fails, naming the
+/// version, when an older copy comes first in the worker's order (the venv before XRT's lib),
+/// and naming the file when none is there.
+#[test]
+fn doctor_checks_that_the_provider_loads_on_the_workers_library_path() {
+    use onebit_tts::npu::doctor::{RealHost, libraries_check};
+    let t = TempDir::new("doctor-ldd");
+    let src = t.0.join("src");
+    let venv_lib = t.0.join("venv/deployment/lib");
+    let xrt_lib = t.0.join("xrt/lib");
+    for d in [&src, &venv_lib, &xrt_lib, &t.0.join("v1"), &t.0.join("v2")] {
+        fs::create_dir_all(d).expect("mkdir");
+    }
+    write(&src.join("dep.c"), "int dep_fn(void) { return 2; }\n");
+    write(&src.join("v1.map"), "DEP_1.0 { global: *; };\n");
+    write(&src.join("v2.map"), "DEP_2.0 { global: *; };\n");
+    write(
+        &src.join("provider.c"),
+        "extern int dep_fn(void);\nint provider_fn(void) { return dep_fn(); }\n",
+    );
+    let s = |p: &Path| p.to_str().expect("utf-8").to_owned();
+    for v in ["v1", "v2"] {
+        let out = t.0.join(v).join("libonebitdep.so.1");
+        cc(&[
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libonebitdep.so.1",
+            &format!("-Wl,--version-script={}", s(&src.join(format!("{v}.map")))),
+            &s(&src.join("dep.c")),
+            "-o",
+            &s(&out),
+        ]);
+        symlink("libonebitdep.so.1", t.0.join(v).join("libonebitdep.so")).expect("symlink");
+    }
+    cc(&[
+        "-shared",
+        "-fPIC",
+        &s(&src.join("provider.c")),
+        &format!("-L{}", s(&t.0.join("v2"))),
+        "-lonebitdep",
+        "-o",
+        &s(&venv_lib.join(PROVIDER_FILE)),
+    ]);
+    let mut inputs = env_inputs(&t.0.join("bin"));
+    inputs.ryzenai_root = Some(t.0.join("venv"));
+    inputs.xrt_root_knob = Some(t.0.join("xrt"));
+    let EnvPlan::Set(w) = worker_env(&inputs).expect("plan") else {
+        panic!("a plan")
+    };
+    let check = || libraries_check(&w, &RealHost::default());
+
+    // The library the provider was built against, in the venv: every version resolves.
+    fs::copy(
+        t.0.join("v2/libonebitdep.so.1"),
+        venv_lib.join("libonebitdep.so.1"),
+    )
+    .expect("cp");
+    let c = check();
+    assert_eq!(
+        c.status,
+        Status::Pass,
+        "{}: {}",
+        c.detail,
+        c.fix.unwrap_or_default()
+    );
+
+    // An older copy in the venv, the right one in XRT's lib: AMD's order puts the venv first,
+    // so the older one loads and the version is missing.
+    fs::copy(
+        t.0.join("v1/libonebitdep.so.1"),
+        venv_lib.join("libonebitdep.so.1"),
+    )
+    .expect("cp");
+    fs::copy(
+        t.0.join("v2/libonebitdep.so.1"),
+        xrt_lib.join("libonebitdep.so.1"),
+    )
+    .expect("cp");
+    let c = check();
+    assert_eq!(c.status, Status::Fail, "{}", c.detail);
+    assert!(
+        c.detail.contains(&format!(
+            "{}: version `DEP_2.0' not found (required by {})",
+            venv_lib.join("libonebitdep.so.1").display(),
+            venv_lib.join(PROVIDER_FILE).display()
+        )),
+        "{}",
+        c.detail
+    );
+    assert!(c.fix.unwrap_or_default().contains("Ubuntu 24.04"));
+
+    // None on the path at all.
+    fs::remove_file(venv_lib.join("libonebitdep.so.1")).expect("rm");
+    fs::remove_file(xrt_lib.join("libonebitdep.so.1")).expect("rm");
+    let c = check();
+    assert_eq!(c.status, Status::Fail, "{}", c.detail);
+    assert!(
+        c.detail.ends_with("libonebitdep.so.1 not found"),
+        "{}",
+        c.detail
     );
 }

@@ -59,6 +59,7 @@ pub mod names {
     pub const VENV_RUNTIME: &str = "venv ONNX Runtime";
     pub const RESIDENCY: &str = "residency";
     pub const XRT_HEAP: &str = "XRT heap";
+    pub const PROVIDER_LIBS: &str = "provider libraries";
 }
 
 /// XRT's configuration file, when set (XRT reads it before any other xrt.ini).
@@ -202,7 +203,10 @@ pub fn run(inputs: &DoctorInputs, host: &dyn Host) -> Report {
         d.provider();
         d.stale_xrt();
         d.venv_runtime();
-        d.worker_env();
+        if let Some(w) = d.worker_env() {
+            let c = libraries_check(&w, host);
+            d.push(c);
+        }
     }
     let log = host.kernel_log();
     d.firmware_version(pci.as_ref(), smi.as_ref());
@@ -247,6 +251,78 @@ pub fn residency_check(probed: Option<&Probed>) -> Check {
              --model PKG",
         ),
     }
+}
+
+/// Whether the provider library the worker registers loads with the worker's `LD_LIBRARY_PATH`:
+/// `ldd` (the dynamic loader's own trace) must find every library it needs and every symbol
+/// version those libraries must define. AMD builds the provider, XRT and the venv's libraries
+/// for Ubuntu 24.04, and AMD's order puts the system's library directory first, so an older
+/// system (glibc, GCC's libstdc++) or a missing prerequisite (boost 1.74) shows here before a
+/// session fails to load.
+pub fn libraries_check(w: &env::WorkerEnv, host: &dyn Host) -> Check {
+    let lib = &w.ryzenai_ep_path;
+    if !lib.is_file() {
+        return Check::skip(
+            names::PROVIDER_LIBS,
+            format!("not run: no provider library at {}", lib.display()),
+            "see the provider library line",
+        );
+    }
+    let Some(arg) = lib.to_str() else {
+        return Check::skip(
+            names::PROVIDER_LIBS,
+            format!("not run: {} is not UTF-8", lib.display()),
+            "move the venv to a UTF-8 path",
+        );
+    };
+    let env = [(env::LD_LIBRARY_PATH_VAR, w.ld_library_path.clone())];
+    let out = match host.run(Path::new("ldd"), &[arg], &env) {
+        Ok(o) => o,
+        Err(e) => {
+            return Check::warn(
+                names::PROVIDER_LIBS,
+                format!("unknown: {e}"),
+                "install ldd (Debian/Ubuntu: libc-bin) and run doctor again",
+            );
+        }
+    };
+    let problems = parse::ldd_problems(&out.stdout, &out.stderr);
+    let fix = "AMD builds these libraries for Ubuntu 24.04 (glibc 2.39, GCC 14's libstdc++, boost \
+               1.74): run on Ubuntu 24.04 or in the npu image (docs/deploy.md), and install what \
+               is missing (AMD's prerequisites include libboost-filesystem1.74.0)";
+    if !problems.is_empty() {
+        return Check::fail(
+            names::PROVIDER_LIBS,
+            format!(
+                "{} with the worker's LD_LIBRARY_PATH: {}",
+                lib.display(),
+                problems.join("; ")
+            ),
+            fix,
+        );
+    }
+    if out.code != Some(0) {
+        let why = out
+            .stderr
+            .lines()
+            .chain(out.stdout.lines())
+            .next()
+            .unwrap_or("no output");
+        return Check::fail(
+            names::PROVIDER_LIBS,
+            format!("ldd {}: {why}", lib.display()),
+            "the provider library must be a shared library of this architecture: reinstall the venv",
+        );
+    }
+    let n = out.stdout.lines().filter(|l| l.contains("=>")).count();
+    Check::pass(
+        names::PROVIDER_LIBS,
+        format!(
+            "{}: all {n} libraries it needs resolve, with every symbol version, on the worker's \
+             LD_LIBRARY_PATH",
+            lib.display()
+        ),
+    )
 }
 
 /// Which amdxdna the kernel loads.
@@ -1186,7 +1262,8 @@ impl Doctor<'_> {
         }
     }
 
-    fn worker_env(&mut self) {
+    /// The worker's environment as the parent would plan it; returns the plan when it is set.
+    fn worker_env(&mut self) -> Option<env::WorkerEnv> {
         let inputs = EnvInputs {
             provider_declared: true,
             ryzenai_root: self.i.ryzenai_root.clone(),
@@ -1198,22 +1275,34 @@ impl Doctor<'_> {
             worker_exe: self.i.worker_exe.clone().unwrap_or_default(),
         };
         match env::worker_env(&inputs) {
-            Ok(plan @ EnvPlan::Set(_)) => self.push(Check::pass(
-                names::WORKER_ENV,
-                plan.to_string()
-                    .trim_start_matches("worker env: ")
-                    .to_string(),
-            )),
-            Ok(EnvPlan::Unchanged(why)) => self.push(Check::warn(
-                names::WORKER_ENV,
-                format!("unchanged: {why}"),
-                "set ONEBIT_RYZENAI_ROOT",
-            )),
-            Err(e) => self.push(Check::fail(
-                names::WORKER_ENV,
-                e.to_string(),
-                "move the venv/XRT to a path without ':'",
-            )),
+            Ok(plan @ EnvPlan::Set(_)) => {
+                self.push(Check::pass(
+                    names::WORKER_ENV,
+                    plan.to_string()
+                        .trim_start_matches("worker env: ")
+                        .to_string(),
+                ));
+                match plan {
+                    EnvPlan::Set(w) => Some(w),
+                    EnvPlan::Unchanged(_) => None,
+                }
+            }
+            Ok(EnvPlan::Unchanged(why)) => {
+                self.push(Check::warn(
+                    names::WORKER_ENV,
+                    format!("unchanged: {why}"),
+                    "set ONEBIT_RYZENAI_ROOT",
+                ));
+                None
+            }
+            Err(e) => {
+                self.push(Check::fail(
+                    names::WORKER_ENV,
+                    e.to_string(),
+                    "move the venv/XRT to a path without ':'",
+                ));
+                None
+            }
         }
     }
 

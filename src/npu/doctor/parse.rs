@@ -3,6 +3,29 @@
 
 use std::cmp::Ordering;
 
+/// What `ldd` says will not load: `NAME => not found` and ``version `V' not found (required by
+/// LIB)`` lines, as glibc's loader prints them (stdout, and stderr for the version lines).
+pub fn ldd_problems(stdout: &str, stderr: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    for line in stdout.lines().chain(stderr.lines()) {
+        let line = line.trim().trim_start_matches("ldd: ").trim();
+        if let Some((name, rest)) = line.split_once("=>")
+            && rest.trim() == "not found"
+        {
+            v.push(format!("{} not found", name.trim()));
+        } else if line.contains("version `") && line.contains("not found") {
+            // "/path/lib.so: /lib/.../libstdc++.so.6: version `GLIBCXX_3.4.32' not found
+            // (required by /path/lib.so)": from the first "version" on names it all.
+            let at = line.find("version `").unwrap_or(0);
+            let lib = line[..at].trim_end_matches([':', ' ']);
+            let lib = lib.rsplit(": ").next().unwrap_or(lib);
+            v.push(format!("{lib}: {}", &line[at..]));
+        }
+    }
+    v.dedup();
+    v
+}
+
 /// `key`'s value in `[section]` of an ini file as XRT reads xrt.ini (boost's ini parser: names
 /// compared exactly, `;` and `#` start comment lines, the last of repeated keys wins).
 pub fn ini_value(text: &str, section: &str, key: &str) -> Option<String> {

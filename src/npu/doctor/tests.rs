@@ -161,6 +161,14 @@ impl Fake {
                     .into(),
             ),
             xdna: Some(Driver::Mainline),
+            ldd: CommandOutput {
+                code: Some(0),
+                stdout: "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibonnxruntime.so.1 => \
+                         /venv/deployment/lib/libonnxruntime.so.1 (0x00007f01)\n\t\
+                         libstdc++.so.6 => /lib/x86_64-linux-gnu/libstdc++.so.6 (0x00007f02)\n"
+                    .into(),
+                stderr: String::new(),
+            },
         }
     }
 }
@@ -178,6 +186,8 @@ struct FakeHost {
     modinfo: Option<String>,
     /// The driver the accel node answers as (`None`: the real ioctl on the fake tree's node).
     xdna: Option<Driver>,
+    /// What `ldd` of the provider library prints.
+    ldd: CommandOutput,
 }
 
 impl Host for FakeHost {
@@ -202,6 +212,9 @@ impl Host for FakeHost {
         _args: &[&str],
         env: &[(&str, OsString)],
     ) -> Result<CommandOutput, NpuError> {
+        if program == Path::new("ldd") {
+            return Ok(self.ldd.clone());
+        }
         self.ran.borrow_mut().push((
             program.to_path_buf(),
             env.iter()
@@ -261,8 +274,16 @@ fn healthy_system_passes_everything() {
         assert!(c.fix.is_none());
     }
     assert_eq!(r.exit_code(), 0);
-    assert_eq!(r.checks.len(), 21, "{}", r.to_text());
-    assert!(r.to_text().ends_with("20 pass, 0 warn, 0 fail, 1 skip\n"));
+    assert_eq!(r.checks.len(), 22, "{}", r.to_text());
+    assert!(r.to_text().ends_with("21 pass, 0 warn, 0 fail, 1 skip\n"));
+    assert!(
+        only(&r, names::PROVIDER_LIBS).detail.ends_with(
+            "all 2 libraries it needs resolve, with every symbol version, on the \
+                        worker's LD_LIBRARY_PATH"
+        ),
+        "{}",
+        r.to_text()
+    );
     assert_eq!(
         only(&r, names::HW_COUNTERS).detail,
         "GET_ARRAY(HW_CONTEXT_ALL) answered by amdxdna_accel_driver 0.6.0: 2 hardware contexts \
@@ -342,6 +363,36 @@ fn which_driver_build_is_loaded() {
     let c = only(&rep, names::DRIVER);
     assert_eq!(c.status, Status::Warn);
     assert!(c.detail.starts_with("unknown: "), "{}", c.detail);
+}
+
+#[test]
+fn the_provider_libraries_must_resolve_on_the_workers_path() {
+    let f = Fake::healthy("ldd");
+    let mut h = f.host();
+    // As glibc's ldd prints an older libstdc++ and a missing boost.
+    h.ldd = CommandOutput {
+        code: Some(1),
+        stdout: "\tlibboost_filesystem.so.1.74.0 => not found\n\tlibstdc++.so.6 => \
+                 /lib/x86_64-linux-gnu/libstdc++.so.6 (0x00007f02)\n"
+            .into(),
+        stderr: "/venv/deployment/lib/libonnxruntime_providers_ryzenai.so: \
+                 /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not found \
+                 (required by /venv/deployment/lib/libonnxruntime_providers_ryzenai.so)\n"
+            .into(),
+    };
+    let rep = run(&f.inputs(), &h);
+    let c = only(&rep, names::PROVIDER_LIBS);
+    assert_eq!(c.status, Status::Fail, "{}", rep.to_text());
+    assert!(
+        c.detail.ends_with(
+            "with the worker's LD_LIBRARY_PATH: libboost_filesystem.so.1.74.0 not found; \
+             /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not found (required \
+             by /venv/deployment/lib/libonnxruntime_providers_ryzenai.so)"
+        ),
+        "{}",
+        c.detail
+    );
+    assert!(fix(c).contains("Ubuntu 24.04"), "{}", fix(c));
 }
 
 #[test]
