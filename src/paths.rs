@@ -51,6 +51,66 @@ pub fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<bool> {
     Ok(false)
 }
 
+/// How [`copy_tree`] puts each file in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Files {
+    /// [`link_or_copy`]: large files hard-linked where the file system allows.
+    LinkLarge,
+    /// Always a copy of its own (the copy will be written in place).
+    Copy,
+}
+
+/// Copies `src` into `dst` recursively, leaving out the paths in `skip`. Returns (copied,
+/// linked) file counts; an error names the path it happened at.
+pub fn copy_tree(
+    src: &Path,
+    dst: &Path,
+    skip: &[PathBuf],
+    files: Files,
+) -> Result<(usize, usize), (PathBuf, std::io::Error)> {
+    let mut counts = (0, 0);
+    copy_tree_into(src, dst, skip, files, &mut counts)?;
+    Ok(counts)
+}
+
+fn copy_tree_into(
+    src: &Path,
+    dst: &Path,
+    skip: &[PathBuf],
+    files: Files,
+    counts: &mut (usize, usize),
+) -> Result<(), (PathBuf, std::io::Error)> {
+    fn at(p: &Path) -> impl FnOnce(std::io::Error) -> (PathBuf, std::io::Error) + '_ {
+        move |e| (p.to_path_buf(), e)
+    }
+    std::fs::create_dir_all(dst).map_err(at(dst))?;
+    for entry in std::fs::read_dir(src).map_err(at(src))? {
+        let entry = entry.map_err(at(src))?;
+        let from = entry.path();
+        if skip.contains(&from) {
+            continue;
+        }
+        let to = dst.join(entry.file_name());
+        if std::fs::metadata(&from).map_err(at(&from))?.is_dir() {
+            copy_tree_into(&from, &to, skip, files, counts)?;
+            continue;
+        }
+        let linked = match files {
+            Files::LinkLarge => link_or_copy(&from, &to).map_err(at(&from))?,
+            Files::Copy => {
+                std::fs::copy(&from, &to).map_err(at(&from))?;
+                false
+            }
+        };
+        if linked {
+            counts.1 += 1;
+        } else {
+            counts.0 += 1;
+        }
+    }
+    Ok(())
+}
+
 /// A file written under `NAME.EXT.partial` beside its final name and renamed over it only once
 /// complete, so a failed or interrupted run never leaves a cut file under the requested name.
 /// Dropped without [`commit`](Self::commit), it removes what it wrote.

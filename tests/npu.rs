@@ -981,7 +981,19 @@ fn a_process_with_an_npu_session_refuses_fork_and_exec() {
             Command::new("true").status().is_ok(),
             "spawns before the guard"
         );
+        // A thread that exists before the guard is bound by it too (TSYNC).
+        let (go, wait) = mpsc::channel::<()>();
+        let earlier = std::thread::spawn(move || {
+            wait.recv().expect("go");
+            Command::new("true").status().map_err(|e| e.raw_os_error())
+        });
         fork_guard::forbid().expect("forbid");
+        go.send(()).expect("send");
+        assert_eq!(
+            earlier.join().expect("thread").map(|_| ()),
+            Err(Some(libc::EPERM)),
+            "a thread started before the guard spawned"
+        );
         assert!(fork_guard::forbidden());
         fork_guard::forbid().expect("a second call is a no-op");
         let marker = std::env::temp_dir().join(format!("onebit-guard-{}", std::process::id()));
@@ -1105,6 +1117,22 @@ fn doctor_checks_that_the_provider_loads_on_the_workers_library_path() {
         "{}: {}",
         c.detail,
         c.fix.unwrap_or_default()
+    );
+    // XRT's NPU shim, which XRT opens at run time, is checked beside the provider.
+    fs::copy(
+        venv_lib.join(PROVIDER_FILE),
+        xrt_lib.join("libxrt_driver_xdna.so.2"),
+    )
+    .expect("cp");
+    let c = check();
+    assert_eq!(c.status, Status::Pass, "{}", c.detail);
+    assert!(
+        c.detail.contains(&format!(
+            " and {}: ",
+            xrt_lib.join("libxrt_driver_xdna.so.2").display()
+        )),
+        "{}",
+        c.detail
     );
 
     // An older copy in the venv, the right one in XRT's lib: AMD's order puts the venv first,

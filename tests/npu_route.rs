@@ -196,6 +196,13 @@ fn probe_on_a_claiming_provider_sees_the_nodes_but_no_device_activity() {
     assert_eq!(j["placement"]["nodes"][PROVIDER].as_u64(), Some(claimed));
     assert!(!event(&records(&rec), "compute").is_empty());
     assert_eq!(j["residency"]["state"], "unproven");
+    // The worker refused fork and exec once its NPU session existed.
+    assert!(
+        j["fork_guard"]
+            .as_str()
+            .is_some_and(|g| g.starts_with("refused (seccomp")),
+        "{j}"
+    );
     let reasons = j["residency"]["reasons"].to_string();
     assert!(!reasons.contains("declined"), "{reasons}");
     assert!(reasons.contains("no readable accel fd"), "{reasons}");

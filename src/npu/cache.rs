@@ -14,7 +14,6 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::hash::{Hash, Hasher};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -74,16 +73,29 @@ pub fn model_root(
     let package = fs::canonicalize(package).map_err(|e| NpuError::io(package, e))?;
     let dir = root.join(mirror_name(&package));
     fs::create_dir_all(&dir).map_err(|e| NpuError::io(&dir, e))?;
-    let entries = fs::read_dir(&package).map_err(|e| NpuError::io(&package, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| NpuError::io(&package, e))?;
+    link_files(&package, &dir)?;
+    let cache = dir.join(PACKAGE_CACHE);
+    let shipped = package.join(PACKAGE_CACHE);
+    let seeded = !cache.exists() && shipped.is_dir() && seed(&shipped, &dir, &cache)?;
+    fs::create_dir_all(&cache).map_err(|e| NpuError::io(&cache, e))?;
+    Ok(ModelRoot::Mirror { dir, seeded })
+}
+
+/// One link in `dir` per entry of `package` (but its cache), made or kept; links whose entry
+/// left the package are removed. A subdirectory is linked whole: what a session writes under it
+/// would go to the package, so only `.cache/` is a directory of the mirror's own.
+fn link_files(package: &Path, dir: &Path) -> Result<(), NpuError> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(package).map_err(|e| NpuError::io(package, e))? {
+        let entry = entry.map_err(|e| NpuError::io(package, e))?;
         let name = entry.file_name();
         if name == PACKAGE_CACHE {
             continue;
         }
         let link = dir.join(&name);
         let target = entry.path();
-        // A link made by an earlier start (to this same package: the name says which) is kept.
+        names.push(name);
+        // A link made by an earlier start, or by another worker a moment ago, is kept.
         match fs::read_link(&link) {
             Ok(t) if t == target => continue,
             Ok(_) => fs::remove_file(&link).map_err(|e| NpuError::io(&link, e))?,
@@ -95,28 +107,61 @@ pub fn model_root(
             }
             Err(_) => {}
         }
-        std::os::unix::fs::symlink(&target, &link).map_err(|e| NpuError::io(&link, e))?;
+        match std::os::unix::fs::symlink(&target, &link) {
+            Ok(()) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists
+                    && fs::read_link(&link).is_ok_and(|t| t == target) => {}
+            Err(e) => return Err(NpuError::io(&link, e)),
+        }
     }
-    let cache = dir.join(PACKAGE_CACHE);
-    let shipped = package.join(PACKAGE_CACHE);
-    let seeded = !cache.exists() && shipped.is_dir();
-    if seeded {
-        // Copied into a temporary name and renamed: an interrupted copy is never taken for a
-        // cache.
-        let tmp = dir.join(format!("{PACKAGE_CACHE}.partial-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&tmp);
-        copy_tree(&shipped, &tmp)?;
-        fs::rename(&tmp, &cache).map_err(|e| NpuError::io(&cache, e))?;
-    } else {
-        fs::create_dir_all(&cache).map_err(|e| NpuError::io(&cache, e))?;
+    for entry in fs::read_dir(dir).map_err(|e| NpuError::io(dir, e))? {
+        let entry = entry.map_err(|e| NpuError::io(dir, e))?;
+        let path = entry.path();
+        if !names.contains(&entry.file_name()) && path.is_symlink() {
+            fs::remove_file(&path).map_err(|e| NpuError::io(&path, e))?;
+        }
     }
-    Ok(ModelRoot::Mirror { dir, seeded })
+    Ok(())
 }
 
-/// `<package dir name>-<hash of its canonical path>`: two packages never share a mirror.
+/// Copies the package's shipped cache to `cache` under a temporary name, then renames it into
+/// place, so an interrupted copy is never taken for a cache. False when another worker's copy
+/// got there first (then ours is dropped). Copies left by processes that no longer exist are
+/// removed.
+fn seed(shipped: &Path, dir: &Path, cache: &Path) -> Result<bool, NpuError> {
+    let prefix = format!("{PACKAGE_CACHE}.partial-");
+    for entry in fs::read_dir(dir)
+        .map_err(|e| NpuError::io(dir, e))?
+        .flatten()
+    {
+        let name = entry.file_name();
+        let pid = name.to_str().and_then(|n| n.strip_prefix(&prefix));
+        if let Some(pid) = pid
+            && !Path::new("/proc").join(pid).exists()
+        {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+    let tmp = dir.join(format!("{prefix}{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    crate::paths::copy_tree(shipped, &tmp, &[], crate::paths::Files::Copy)
+        .map_err(|(path, e)| NpuError::io(path, e))?;
+    match fs::rename(&tmp, cache) {
+        Ok(()) => Ok(true),
+        Err(_) if cache.is_dir() => {
+            let _ = fs::remove_dir_all(&tmp);
+            Ok(false)
+        }
+        Err(e) => Err(NpuError::io(cache, e)),
+    }
+}
+
+/// `<package dir name>-<sha256 of its canonical path, 16 hex digits>`: two packages never share
+/// a mirror, and the name stays the same across releases (the compile cache is kept).
 fn mirror_name(package: &Path) -> String {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    package.as_os_str().as_bytes().hash(&mut h);
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(package.as_os_str().as_bytes());
     let name: String = package
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -130,7 +175,7 @@ fn mirror_name(package: &Path) -> String {
             }
         })
         .collect();
-    format!("{name}-{:016x}", h.finish())
+    format!("{name}-{}", &format!("{digest:x}")[..16])
 }
 
 /// Whether this process may create files in `dir` (a read-only mount says no).
@@ -140,24 +185,6 @@ fn writable(dir: &Path) -> bool {
     };
     // SAFETY: access(2) reads the NUL-terminated path and nothing else.
     unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
-}
-
-fn copy_tree(from: &Path, to: &Path) -> Result<(), NpuError> {
-    fs::create_dir_all(to).map_err(|e| NpuError::io(to, e))?;
-    for entry in fs::read_dir(from).map_err(|e| NpuError::io(from, e))? {
-        let entry = entry.map_err(|e| NpuError::io(from, e))?;
-        let (src, dst) = (entry.path(), to.join(entry.file_name()));
-        if entry
-            .file_type()
-            .map_err(|e| NpuError::io(&src, e))?
-            .is_dir()
-        {
-            copy_tree(&src, &dst)?;
-        } else {
-            fs::copy(&src, &dst).map_err(|e| NpuError::io(&src, e))?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -248,6 +275,22 @@ mod tests {
         );
         assert!(again.dir().join(".cache/compiled-at-first-start").exists());
         assert!(again.dir().join("tokenizer.json").exists());
+        // A file that left the package loses its link; a copy a dead process left is removed.
+        fs::remove_file(p.join("tokenizer.json")).expect("rm");
+        let stale = again.dir().join(".cache.partial-999999999");
+        fs::create_dir_all(&stale).expect("mkdir");
+        fs::remove_dir_all(again.dir().join(PACKAGE_CACHE)).expect("rm");
+        let third = model_root(&p, Some(&root), None).expect("mirror");
+        assert!(!third.dir().join("tokenizer.json").exists());
+        assert!(!third.dir().join("tokenizer.json").is_symlink());
+        assert!(!stale.exists());
+        assert_eq!(
+            third,
+            ModelRoot::Mirror {
+                dir: first.dir().to_path_buf(),
+                seeded: true
+            }
+        );
         // Another package never shares it.
         let other = t.join("other/neutts-air-npu");
         fs::create_dir_all(&other).expect("mkdir");

@@ -28,6 +28,10 @@ pub const WHY: &str = "an NPU session exists in this process: a child process wo
                        copy of XRT's accel fd on exec or exit, and amdxdna's flush then destroys \
                        the session's hardware contexts";
 
+/// How a worker with the guard installed reports it.
+pub const REFUSED: &str = "refused (seccomp: fork, vfork, execve, execveat and clone without \
+                           CLONE_THREAD answer EPERM)";
+
 static FORBIDDEN: AtomicBool = AtomicBool::new(false);
 
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +65,9 @@ pub fn forbid() -> Result<(), GuardError> {
     Ok(())
 }
 
-/// The two filters: `EPERM` for the process-making calls, `ENOSYS` for `clone3`.
+/// The two filters: `ENOSYS` for `clone3` first (installed alone, it makes glibc use `clone`,
+/// which is still allowed: no half-installed guard lets a child through `clone3`), then `EPERM`
+/// for the process-making calls.
 fn filters() -> Result<Vec<SeccompFilter>, GuardError> {
     let arch = std::env::consts::ARCH
         .try_into()
@@ -98,7 +104,7 @@ fn filters() -> Result<Vec<SeccompFilter>, GuardError> {
         arch,
     )
     .map_err(bad)?;
-    Ok(vec![eperm, enosys])
+    Ok(vec![enosys, eperm])
 }
 
 /// The calls that make a process or replace this one, beside `clone`.

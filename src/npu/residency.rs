@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
 use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -230,23 +231,18 @@ pub struct CounterReader {
 
 /// The fd of this process's open [`CounterReader`] on the real node (-1: none), so that "does
 /// this process hold the NPU" can leave out a client that holds no context.
-static OWN_READER_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static OWN_READER_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// This process's own counter reader's fd, if one is open.
 pub fn own_reader_fd() -> Option<i32> {
-    let fd = OWN_READER_FD.load(std::sync::atomic::Ordering::Acquire);
+    let fd = OWN_READER_FD.load(Ordering::Acquire);
     (fd >= 0).then_some(fd)
 }
 
 impl Drop for CounterReader {
     fn drop(&mut self) {
         if let Some(fd) = self.fd {
-            let _ = OWN_READER_FD.compare_exchange(
-                fd,
-                -1,
-                std::sync::atomic::Ordering::AcqRel,
-                std::sync::atomic::Ordering::Acquire,
-            );
+            let _ = OWN_READER_FD.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Acquire);
         }
     }
 }
@@ -255,14 +251,25 @@ impl CounterReader {
     /// Opens the accel node under `roots`. `Err` is the reading every later sample reports: the
     /// node is missing (unavailable), or it would not open (failed).
     pub fn open(roots: &SystemRoots) -> Result<Self, Counters> {
-        let node = roots.accel_node();
-        match xdna::AccelFd::open(&node) {
-            Ok(fd) => {
-                OWN_READER_FD.store(fd.raw(), std::sync::atomic::Ordering::Release);
-                Ok(CounterReader {
-                    fd: Some(fd.raw()),
-                    dev: Box::new(fd),
-                })
+        Self::open_with(&roots.accel_node(), |node| {
+            let fd = xdna::AccelFd::open(node)?;
+            let raw = fd.raw();
+            Ok((Box::new(fd) as Box<dyn xdna::Ioctl>, Some(raw)))
+        })
+    }
+
+    /// [`Self::open`] through `open`, which opens `node` anew and says the fd's number (tests:
+    /// a fake node's open).
+    pub fn open_with(
+        node: &Path,
+        open: impl FnOnce(&Path) -> std::io::Result<(Box<dyn xdna::Ioctl>, Option<i32>)>,
+    ) -> Result<Self, Counters> {
+        match open(node) {
+            Ok((dev, fd)) => {
+                if let Some(fd) = fd {
+                    OWN_READER_FD.store(fd, Ordering::Release);
+                }
+                Ok(CounterReader { dev, fd })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Counters::Unavailable {
                 reason: format!("{} does not exist", node.display()),
@@ -271,11 +278,6 @@ impl CounterReader {
                 reason: format!("opening {} for the counters: {e}", node.display()),
             }),
         }
-    }
-
-    /// A reader on a device the caller opened (tests: a fake node).
-    pub fn on(dev: Box<dyn xdna::Ioctl>) -> Self {
-        CounterReader { dev, fd: None }
     }
 
     pub fn read(&self) -> Counters {
@@ -289,18 +291,25 @@ impl CounterReader {
 pub struct NpuWatch {
     reader: Result<CounterReader, Counters>,
     own_pid: i64,
+    initial_ns: Option<bool>,
     at_load: Counters,
     ours: Option<Ours>,
 }
 
 impl NpuWatch {
     /// Call before the session is created. `own_pid`: this process's pid as its procfs shows it
-    /// ([`xdna::driver_pid`]).
-    pub fn before_session(reader: Result<CounterReader, Counters>, own_pid: i64) -> Self {
+    /// ([`xdna::driver_pid`]); `initial_ns`: whether it is in the initial PID namespace
+    /// ([`xdna::in_initial_pid_namespace`]).
+    pub fn before_session(
+        reader: Result<CounterReader, Counters>,
+        own_pid: i64,
+        initial_ns: Option<bool>,
+    ) -> Self {
         let at_load = Self::sample(&reader);
         NpuWatch {
             reader,
             own_pid,
+            initial_ns,
             at_load,
             ours: None,
         }
@@ -335,6 +344,7 @@ impl NpuWatch {
             before,
             after: self.read(),
             own_pid: self.own_pid,
+            initial_ns: self.initial_ns,
         })
     }
 
@@ -375,6 +385,7 @@ pub struct CounterReadings {
     pub before: Counters,
     pub after: Counters,
     pub own_pid: i64,
+    pub initial_ns: Option<bool>,
 }
 
 /// One reading through `dev`.
@@ -467,6 +478,10 @@ pub struct Evidence {
     /// namespace's, which differs inside a container).
     #[serde(default)]
     pub pid: i64,
+    /// Whether the worker is in the initial PID namespace, where the driver's pids are its own
+    /// (`None`: unknown). Only outside it may contexts under a pid not its own be its session's.
+    #[serde(default)]
+    pub initial_pid_namespace: Option<bool>,
     /// The hardware-context counters before the session was created: the contexts that appear
     /// after it are the session's (`None`: not read).
     #[serde(default)]
@@ -609,9 +624,21 @@ pub fn weigh(evidence: Evidence, provider: &str) -> Residency {
         &evidence.counters_after,
     ) {
         (Some(Counters::Read(l)), Some(Counters::Read(b)), Some(Counters::Read(a))) => {
-            match xdna::identify(l, a, pid) {
+            // Contexts under another pid can be ours only if XRT holds an fd of this process's
+            // on the node (a client of ours exists to own them).
+            let xrt_fd = evidence.accel_after.as_ref().is_some_and(|u| u.fds > 0);
+            match xdna::identify(l, a, pid, evidence.initial_pid_namespace) {
                 Err(why) => {
                     missing.push(format!("no hardware context is this worker's: {why}"));
+                    false
+                }
+                Ok(o) if o.identified == xdna::Identified::Creation && !xrt_fd => {
+                    missing.push(format!(
+                        "no hardware context is this worker's: contexts {:?} of pid {} appeared \
+                         across its session creation, but this worker holds no accel fd besides \
+                         its counter reader, so none can be its own",
+                        o.context_ids, o.pid
+                    ));
                     false
                 }
                 Ok(o) => {
@@ -1016,6 +1043,7 @@ mod tests {
             mem_usage_after: Some(700 << 20),
             decode_steps: 8,
             notes: vec![],
+            initial_pid_namespace: None,
         });
         assert_eq!(r.state, ResidencyState::Unproven, "{r}");
         let text = r.to_string();
@@ -1116,6 +1144,7 @@ mod tests {
             mem_usage_after: Some(2),
             decode_steps: 8,
             notes: vec![],
+            initial_pid_namespace: None,
         });
         assert_eq!(r.state, ResidencyState::Unproven);
         assert!(r.to_string().contains("declined the graph"), "{r}");
@@ -1170,9 +1199,13 @@ mod tests {
         // Another process's session, there before ours and busy throughout.
         let other = node.open(OTHER);
         other.create_context();
-        let reader = node.open(own_pid);
-        node.record_pid_as(&reader, driver_pid);
-        let mut watch = NpuWatch::before_session(Ok(CounterReader::on(Box::new(reader))), own_pid);
+        // The worker's own reader, opened through the real code's open path on the fake node.
+        let reader = CounterReader::open_with(Path::new("/dev/accel/accel0"), |_| {
+            let f = node.open(own_pid);
+            node.record_pid_as(&f, driver_pid);
+            Ok((Box::new(f) as Box<dyn xdna::Ioctl>, None))
+        });
+        let mut watch = NpuWatch::before_session(reader, own_pid, Some(own_pid == driver_pid));
         // The session: XRT opens the node and creates its contexts.
         node.set_current(own_pid);
         let xrt = node.open(own_pid);
@@ -1189,9 +1222,13 @@ mod tests {
         let r = weigh_npu(Evidence {
             placement: placed(40, 10),
             pid: readings.own_pid,
+            initial_pid_namespace: readings.initial_ns,
             counters_at_load: Some(readings.at_load),
             counters_before: Some(readings.before),
             counters_after: Some(readings.after),
+            // XRT's fd, as /proc shows it (our reader's left out).
+            accel_before: memory_only(100),
+            accel_after: memory_only(100),
             decode_steps: 8,
             ..Evidence::default()
         });
@@ -1342,11 +1379,53 @@ mod tests {
     }
 
     #[test]
+    fn another_processs_new_context_is_never_ours() {
+        use xdna::fake::ctx;
+        let evidence = |initial, accel: Option<AccelUsage>| Evidence {
+            placement: placed(40, 10),
+            pid: ME,
+            initial_pid_namespace: initial,
+            // Our session made no context; another process's first session did, meanwhile.
+            counters_at_load: counters(vec![]),
+            counters_before: counters(vec![ctx(1, OTHER, 0)]),
+            counters_after: counters(vec![ctx(1, OTHER, 50)]),
+            accel_before: accel.clone(),
+            accel_after: accel,
+            decode_steps: 8,
+            ..Evidence::default()
+        };
+        // In the initial PID namespace the driver would have recorded our own pid.
+        let r = weigh_npu(evidence(Some(true), memory_only(1)));
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        assert!(
+            r.to_string().contains(
+                "are of pid 999, not this process's 4321, and this process is in the initial \
+                 PID namespace, where the driver records its own pid: another process's"
+            ),
+            "{r}"
+        );
+        // Not knowing the namespace is no pass either.
+        let r = weigh_npu(evidence(None, memory_only(1)));
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        // In a namespace, a worker whose XRT holds no fd on the node owns no context.
+        let r = weigh_npu(evidence(Some(false), None));
+        assert_eq!(r.state, ResidencyState::Unproven, "{r}");
+        assert!(
+            r.to_string()
+                .contains("holds no accel fd besides its counter reader, so none can be its own"),
+            "{r}"
+        );
+        assert_eq!(r.ours, None);
+    }
+
+    #[test]
     fn a_request_on_destroyed_contexts_is_not_countable() {
         use xdna::fake::{Driver, FakeNode, Flush};
         let node = FakeNode::new(Driver::Mainline, Flush::Mainline);
-        let mut watch =
-            NpuWatch::before_session(Ok(CounterReader::on(Box::new(node.open(ME)))), ME);
+        let reader = CounterReader::open_with(Path::new("/dev/accel/accel0"), |_| {
+            Ok((Box::new(node.open(ME)) as Box<dyn xdna::Ioctl>, None))
+        });
+        let mut watch = NpuWatch::before_session(reader, ME, Some(true));
         let xrt = node.open(ME);
         xrt.create_context();
         let readings = watch

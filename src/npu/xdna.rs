@@ -274,13 +274,52 @@ pub struct Ours {
     pub identified: Identified,
 }
 
+/// Why no context could be told to be this session's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unidentified {
+    #[error(
+        "no hardware context appeared across this worker's session creation and evidence run \
+         ({count} on the device, of pids {pids:?})"
+    )]
+    NoneAppeared { count: usize, pids: Vec<i64> },
+    #[error(
+        "the only contexts that appeared across this worker's session creation are of pid \
+         {pid}, which held contexts before the session existed: another process's (this process \
+         is pid {own})"
+    )]
+    OldPid { pid: i64, own: i64 },
+    #[error(
+        "the only contexts that appeared across this worker's session creation are of pid \
+         {pid}, not this process's {own}, and this process is in the initial PID namespace, \
+         where the driver records its own pid: another process's"
+    )]
+    OtherProcess { pid: i64, own: i64 },
+    #[error(
+        "the only contexts that appeared across this worker's session creation are of pid \
+         {pid}, not this process's {own}, and whether this process is in a PID namespace could \
+         not be read ({proc_ns}): they may be another process's"
+    )]
+    NamespaceUnknown { pid: i64, own: i64, proc_ns: String },
+    #[error(
+        "contexts of pids {pids:?} appeared across this worker's session creation, none with \
+         its pid {own}: which are its own cannot be told"
+    )]
+    Several { pids: Vec<i64>, own: i64 },
+}
+
 /// This session's contexts: those in `after` (read once the session exists and has run) that
 /// were not in `at_load` (read before it was created), keyed by (pid, id) since ids are unique
 /// per DRM client only. `own_pid` is this process's pid as it sees itself: where a new context
-/// carries it, those are ours; otherwise the new contexts count only when they all carry one
-/// pid that held none before (a process in a PID namespace). Anything else cannot be told
-/// apart from another process's work and identifies nothing: `Err` says why.
-pub fn identify(at_load: &HwContexts, after: &HwContexts, own_pid: i64) -> Result<Ours, String> {
+/// carries it, those are ours. Otherwise the new contexts count only when they all carry one pid
+/// that held none before and this process is in a PID namespace of its own (`initial_ns`:
+/// `Some(false)`), where the driver records a pid it cannot see. Anything else cannot be told
+/// apart from another process's work and identifies nothing.
+pub fn identify(
+    at_load: &HwContexts,
+    after: &HwContexts,
+    own_pid: i64,
+    initial_ns: Option<bool>,
+) -> Result<Ours, Unidentified> {
     let existed = |c: &HwContext| {
         at_load
             .contexts
@@ -308,28 +347,43 @@ pub fn identify(at_load: &HwContexts, after: &HwContexts, own_pid: i64) -> Resul
     let mut pids: Vec<i64> = new.iter().map(|c| c.pid).collect();
     pids.sort_unstable();
     pids.dedup();
-    match pids.as_slice() {
-        [] => Err(format!(
-            "no hardware context appeared across this worker's session creation and evidence \
-             run ({} on the device, of pids {:?})",
-            after.contexts.len(),
-            after.pids()
-        )),
-        [pid] if at_load.contexts.iter().any(|c| c.pid == *pid) => Err(format!(
-            "the only contexts that appeared across this worker's session creation are of pid \
-             {pid}, which held contexts before the session existed: another process's (this \
-             process is pid {own_pid} in its own PID namespace)"
-        )),
-        [pid] => Ok(Ours {
+    let own = own_pid;
+    match (pids.as_slice(), initial_ns) {
+        ([], _) => Err(Unidentified::NoneAppeared {
+            count: after.contexts.len(),
+            pids: after.pids(),
+        }),
+        ([pid], _) if at_load.contexts.iter().any(|c| c.pid == *pid) => {
+            Err(Unidentified::OldPid { pid: *pid, own })
+        }
+        ([pid], Some(true)) => Err(Unidentified::OtherProcess { pid: *pid, own }),
+        ([pid], None) => Err(Unidentified::NamespaceUnknown {
+            pid: *pid,
+            own,
+            proc_ns: "its /proc/self/ns/pid is unreadable".into(),
+        }),
+        ([pid], Some(false)) => Ok(Ours {
             pid: *pid,
             context_ids: ids_of(*pid),
             identified: Identified::Creation,
         }),
-        many => Err(format!(
-            "contexts of pids {many:?} appeared across this worker's session creation, none \
-             with its pid {own_pid}: which are its own cannot be told"
-        )),
+        (many, _) => Err(Unidentified::Several {
+            pids: many.to_vec(),
+            own,
+        }),
     }
+}
+
+/// The inode of the initial PID namespace (the kernel's `PROC_PID_INIT_INO`), which
+/// `/proc/self/ns/pid` names as `pid:[4026531836]`.
+pub const INITIAL_PID_NS: &str = "pid:[4026531836]";
+
+/// Whether this process is in the initial PID namespace, where the driver's pids are its own
+/// (`None`: `<proc>/self/ns/pid` could not be read).
+pub fn in_initial_pid_namespace(proc_root: &Path) -> Option<bool> {
+    std::fs::read_link(proc_root.join("self/ns/pid"))
+        .ok()
+        .map(|l| l.as_os_str() == INITIAL_PID_NS)
 }
 
 /// Commands completed for `ours` between two readings: the growth of each of its contexts (a
@@ -1131,6 +1185,18 @@ mod tests {
     }
 
     #[test]
+    fn the_initial_pid_namespace_is_known_by_its_inode() {
+        let t = crate::testutil::tempdir("xdna-pidns");
+        std::fs::create_dir_all(t.join("self/ns")).expect("mkdir");
+        assert_eq!(in_initial_pid_namespace(&t), None);
+        std::os::unix::fs::symlink(INITIAL_PID_NS, t.join("self/ns/pid")).expect("symlink");
+        assert_eq!(in_initial_pid_namespace(&t), Some(true));
+        std::fs::remove_file(t.join("self/ns/pid")).expect("rm");
+        std::os::unix::fs::symlink("pid:[4026532511]", t.join("self/ns/pid")).expect("symlink");
+        assert_eq!(in_initial_pid_namespace(&t), Some(false));
+    }
+
+    #[test]
     fn the_driver_pid_is_the_outermost_nspid() {
         let t = crate::testutil::tempdir("xdna-nspid");
         std::fs::create_dir_all(t.join("self")).expect("mkdir");
@@ -1152,8 +1218,7 @@ mod tests {
             assert_eq!(got.contexts, many(3));
         }
         // Both failing: both named, a failure (not "unavailable").
-        let mut dev = FakeXdna::new(Driver::Other, many(1));
-        dev.driver = Driver::Dkms;
+        let mut dev = FakeXdna::new(Driver::Dkms, many(1));
         dev.array_fails = Some(libc::EIO);
         let info_fails = FailingInfo(dev);
         let e = read_contexts(&info_fails).expect_err("both fail");
@@ -1186,7 +1251,7 @@ mod tests {
         let at_load = read(vec![ctx(1, 999, 50)]);
         // Ids repeat across clients: (999, 1) existed, (4242, 1) is new.
         let after = read(vec![ctx(1, 999, 60), ctx(1, 4242, 3), ctx(2, 4242, 4)]);
-        let ours = identify(&at_load, &after, 4242).expect("by pid");
+        let ours = identify(&at_load, &after, 4242, Some(true)).expect("by pid");
         assert_eq!(
             ours,
             Ours {
@@ -1196,8 +1261,18 @@ mod tests {
             }
         );
         assert_eq!(after.completions_of(&ours), Some(7));
-        let ours = identify(&at_load, &after, 17).expect("by creation");
+        let ours = identify(&at_load, &after, 17, Some(false)).expect("by creation");
         assert_eq!(ours.identified, Identified::Creation);
+        // Outside a PID namespace (or not knowing), a new pid that is not ours is another
+        // process's: our session may have made no context at all.
+        assert_eq!(
+            identify(&at_load, &after, 17, Some(true)),
+            Err(Unidentified::OtherProcess { pid: 4242, own: 17 })
+        );
+        assert!(matches!(
+            identify(&at_load, &after, 17, None),
+            Err(Unidentified::NamespaceUnknown { pid: 4242, .. })
+        ));
         assert_eq!(ours.pid, 4242);
         let later = read(vec![ctx(1, 999, 61), ctx(2, 4242, 10)]);
         assert_eq!(completed_between(&after, &later, &ours), 6);

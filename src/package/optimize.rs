@@ -774,13 +774,13 @@ pub fn optimize(src: &Path, dst: &Path, levers: Levers) -> Result<OptimizeReport
             f.sync_all().map_err(io(&out_dir))?;
         }
         // The rest of the package first, so nothing it holds can overwrite what is written here.
-        let mut counts = (0, 0);
         let skip = [
             src.join(rel),
             src.join(rel.with_file_name(&writer.location)),
             src.join(LOGITS_MANIFEST),
         ];
-        copy_tree(&src, dst, &skip, &mut counts)?;
+        let counts = crate::paths::copy_tree(&src, dst, &skip, crate::paths::Files::LinkLarge)
+            .map_err(|(path, err)| OptimizeError::Io { path, err })?;
         let bytes = model
             .write_to_bytes()
             .map_err(|e| graph_err(format!("cannot serialise the edited model: {e}")))?;
@@ -832,34 +832,6 @@ fn check_destination(src: &Path, dst: &Path) -> Result<(), OptimizeError> {
             dst.display(),
             src.display()
         )));
-    }
-    Ok(())
-}
-
-/// Copies `src` into `dst` recursively except `skip`; large files are hard-linked when the file
-/// system allows ([`crate::paths::link_or_copy`]). `counts` is (copied, linked).
-fn copy_tree(
-    src: &Path,
-    dst: &Path,
-    skip: &[PathBuf],
-    counts: &mut (usize, usize),
-) -> Result<(), OptimizeError> {
-    fs::create_dir_all(dst).map_err(io(dst))?;
-    for entry in fs::read_dir(src).map_err(io(src))? {
-        let entry = entry.map_err(io(src))?;
-        let from = entry.path();
-        if skip.contains(&from) {
-            continue;
-        }
-        let to = dst.join(entry.file_name());
-        let meta = fs::metadata(&from).map_err(io(&from))?;
-        if meta.is_dir() {
-            copy_tree(&from, &to, skip, counts)?;
-        } else if crate::paths::link_or_copy(&from, &to).map_err(io(&from))? {
-            counts.1 += 1;
-        } else {
-            counts.0 += 1;
-        }
     }
     Ok(())
 }

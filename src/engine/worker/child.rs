@@ -300,6 +300,7 @@ fn load_backbone(load: &Load) -> Result<LoadedBackbone, EngineError> {
         NpuWatch::before_session(
             CounterReader::open(&load.roots),
             xdna::driver_pid(&load.roots.proc),
+            xdna::in_initial_pid_namespace(&load.roots.proc),
         )
     });
     // Our loop knows where ONNX Runtime put the nodes and what the provider was given;
@@ -320,6 +321,15 @@ fn load_backbone(load: &Load) -> Result<LoadedBackbone, EngineError> {
                 (Box::new(b), providers, None, None)
             }
         };
+    // The session exists, and XRT's fd with it: from here on a child process would be fatal to
+    // the session's contexts (npu::fork_guard).
+    let fork_guard = npu.then(|| match fork_guard::forbid() {
+        Ok(()) => fork_guard::REFUSED.to_owned(),
+        Err(e) => {
+            tracing::warn!("{e}");
+            format!("not installed: {e}")
+        }
+    });
     let residency = match &mut watch {
         Some(w) => {
             let r = gather_evidence(
@@ -332,10 +342,6 @@ fn load_backbone(load: &Load) -> Result<LoadedBackbone, EngineError> {
                 notes,
             )?;
             w.adopt(&r);
-            // From here on a fork would be fatal to the session (see npu::fork_guard).
-            if let Err(e) = fork_guard::forbid() {
-                tracing::warn!("{e}");
-            }
             Some(r)
         }
         None => None,
@@ -350,6 +356,7 @@ fn load_backbone(load: &Load) -> Result<LoadedBackbone, EngineError> {
         placement,
         provider_setup,
         residency,
+        fork_guard,
         budget: Some(b.budget()),
     };
     tracing::info!(
@@ -401,6 +408,7 @@ fn gather_evidence(
     Ok(weigh_npu(Evidence {
         placement,
         pid: readings.own_pid,
+        initial_pid_namespace: readings.initial_ns,
         counters_at_load: Some(readings.at_load),
         counters_before: Some(readings.before),
         counters_after: Some(readings.after),

@@ -32,6 +32,8 @@ pub struct ProbeReport {
     /// The amdxdna hardware-context counters across the evidence run, for this worker.
     pub npu_counters: CounterSummary,
     pub residency: Residency,
+    /// Whether the worker refused fork and exec once its session existed (`None`: not reported).
+    pub fork_guard: Option<String>,
     /// The worker's last log lines when the setup failed.
     pub log_tail: Option<String>,
 }
@@ -196,6 +198,7 @@ impl ProbeReport {
                 .map_or_else(unknown, ToString::to_string),
         );
         line("NPU counters", self.npu_counters.text());
+        line("fork/exec", self.fork_guard.clone().unwrap_or_else(unknown));
         line("residency", self.residency.state.as_str().to_owned());
         for r in &self.residency.reasons {
             let _ = writeln!(s, "    - {r}");
@@ -243,6 +246,7 @@ pub fn probe(cfg: WorkerConfig) -> ProbeReport {
         placement: loaded.as_ref().and_then(|l| l.placement.clone()),
         npu_counters: CounterSummary::of(&residency),
         residency,
+        fork_guard: loaded.as_ref().and_then(|l| l.fork_guard.clone()),
         log_tail: started.as_ref().err().map(|_| last_lines(&h.log_tail(), 8)),
     };
     let _ = worker.shutdown();

@@ -160,6 +160,10 @@ pub struct Loaded {
     /// On the NPU: the residency verdict from the worker's own evidence.
     #[serde(default)]
     pub residency: Option<Residency>,
+    /// On the NPU: whether the worker refuses fork and exec now that its session exists
+    /// (`npu::fork_guard::REFUSED`, or why the guard could not be installed).
+    #[serde(default)]
+    pub fork_guard: Option<String>,
     /// Most tokens one sequence may hold (a static KV cache may hold fewer than the config says).
     #[serde(default)]
     pub budget: Option<usize>,

@@ -149,7 +149,8 @@ pub struct DoctorInputs {
     pub worker_exe: Option<PathBuf>,
     /// $XRT_INI_PATH.
     pub xrt_ini: Option<PathBuf>,
-    /// The working directory the worker inherits (XRT's last place to look for xrt.ini).
+    /// The doctor's own working directory, standing for the server's (the worker inherits the
+    /// server's; XRT's last place to look for xrt.ini).
     pub cwd: Option<PathBuf>,
     /// Residency as a probe measured it (`doctor --model PKG`); None: not measured.
     pub probed: Option<Probed>,
@@ -253,12 +254,17 @@ pub fn residency_check(probed: Option<&Probed>) -> Check {
     }
 }
 
-/// Whether the provider library the worker registers loads with the worker's `LD_LIBRARY_PATH`:
-/// `ldd` (the dynamic loader's own trace) must find every library it needs and every symbol
-/// version those libraries must define. AMD builds the provider, XRT and the venv's libraries
-/// for Ubuntu 24.04, and AMD's order puts the system's library directory first, so an older
-/// system (glibc, GCC's libstdc++) or a missing prerequisite (boost 1.74) shows here before a
-/// session fails to load.
+/// The XRT library XRT opens at run time for the NPU (its amdxdna shim): not a link-time
+/// dependency of the provider, so `ldd` of the provider does not cover it.
+pub const XRT_SHIM: &str = "libxrt_driver_xdna.so";
+
+/// Whether the libraries the worker loads for the NPU resolve with the worker's
+/// `LD_LIBRARY_PATH`: `ldd` (the dynamic loader's own trace) of the provider library it
+/// registers and of XRT's NPU shim must find every library they link and every symbol version
+/// those must define. AMD builds the provider, XRT and the venv's libraries for Ubuntu 24.04,
+/// and AMD's order puts the system's library directory first, so an older system (glibc, GCC's
+/// libstdc++) or a missing prerequisite (boost 1.74) shows here before a session fails to load.
+/// Libraries those open with `dlopen` later are not covered.
 pub fn libraries_check(w: &env::WorkerEnv, host: &dyn Host) -> Check {
     let lib = &w.ryzenai_ep_path;
     if !lib.is_file() {
@@ -268,59 +274,71 @@ pub fn libraries_check(w: &env::WorkerEnv, host: &dyn Host) -> Check {
             "see the provider library line",
         );
     }
-    let Some(arg) = lib.to_str() else {
-        return Check::skip(
-            names::PROVIDER_LIBS,
-            format!("not run: {} is not UTF-8", lib.display()),
-            "move the venv to a UTF-8 path",
-        );
-    };
+    let xrt_lib = w.xilinx_xrt.join("lib");
+    let mut libs = vec![lib.clone()];
+    libs.extend(
+        files_starting(&xrt_lib, XRT_SHIM)
+            .into_iter()
+            .take(1)
+            .map(|n| xrt_lib.join(n)),
+    );
     let env = [(env::LD_LIBRARY_PATH_VAR, w.ld_library_path.clone())];
-    let out = match host.run(Path::new("ldd"), &[arg], &env) {
-        Ok(o) => o,
-        Err(e) => {
-            return Check::warn(
+    let mut problems = Vec::new();
+    let mut linked = 0;
+    for l in &libs {
+        let Some(arg) = l.to_str() else {
+            return Check::skip(
                 names::PROVIDER_LIBS,
-                format!("unknown: {e}"),
-                "install ldd (Debian/Ubuntu: libc-bin) and run doctor again",
+                format!("not run: {} is not UTF-8", l.display()),
+                "move the venv and XRT to UTF-8 paths",
             );
+        };
+        let out = match host.run(Path::new("ldd"), &[arg], &env) {
+            Ok(o) => o,
+            Err(e) => {
+                return Check::warn(
+                    names::PROVIDER_LIBS,
+                    format!("unknown: {e}"),
+                    "install ldd (Debian/Ubuntu: libc-bin) and run doctor again",
+                );
+            }
+        };
+        let found = parse::ldd_problems(&out.stdout, &out.stderr);
+        if found.is_empty() && out.code != Some(0) {
+            let why = out
+                .stderr
+                .lines()
+                .chain(out.stdout.lines())
+                .next()
+                .unwrap_or("no output");
+            problems.push(format!("ldd {}: {why}", l.display()));
         }
-    };
-    let problems = parse::ldd_problems(&out.stdout, &out.stderr);
-    let fix = "AMD builds these libraries for Ubuntu 24.04 (glibc 2.39, GCC 14's libstdc++, boost \
-               1.74): run on Ubuntu 24.04 or in the npu image (docs/deploy.md), and install what \
-               is missing (AMD's prerequisites include libboost-filesystem1.74.0)";
+        problems.extend(found);
+        linked += out.stdout.lines().filter(|l| l.contains("=>")).count();
+    }
+    // Two libraries missing the same one say it once.
+    let mut seen = std::collections::HashSet::new();
+    problems.retain(|p| seen.insert(p.clone()));
+    let shown: Vec<String> = libs.iter().map(|l| l.display().to_string()).collect();
     if !problems.is_empty() {
         return Check::fail(
             names::PROVIDER_LIBS,
             format!(
                 "{} with the worker's LD_LIBRARY_PATH: {}",
-                lib.display(),
+                shown.join(" and "),
                 problems.join("; ")
             ),
-            fix,
+            "AMD builds these libraries for Ubuntu 24.04 (glibc 2.39, GCC 14's libstdc++, \
+             boost 1.74): run on Ubuntu 24.04 or in the npu image (docs/deploy.md), and install \
+             what is missing (AMD's prerequisites include libboost-filesystem1.74.0)",
         );
     }
-    if out.code != Some(0) {
-        let why = out
-            .stderr
-            .lines()
-            .chain(out.stdout.lines())
-            .next()
-            .unwrap_or("no output");
-        return Check::fail(
-            names::PROVIDER_LIBS,
-            format!("ldd {}: {why}", lib.display()),
-            "the provider library must be a shared library of this architecture: reinstall the venv",
-        );
-    }
-    let n = out.stdout.lines().filter(|l| l.contains("=>")).count();
     Check::pass(
         names::PROVIDER_LIBS,
         format!(
-            "{}: all {n} libraries it needs resolve, with every symbol version, on the worker's \
-             LD_LIBRARY_PATH",
-            lib.display()
+            "{}: the {linked} libraries they link resolve, with every symbol version, on the \
+             worker's LD_LIBRARY_PATH (libraries opened later with dlopen are not covered)",
+            shown.join(" and ")
         ),
     )
 }
@@ -533,7 +551,7 @@ impl Doctor<'_> {
             }
             break;
         }
-        let heap = (pages * HEAP_PAGE_BYTES).min(512 << 20);
+        let heap = pages.saturating_mul(HEAP_PAGE_BYTES).min(512 << 20);
         let detail = format!(
             "num_heap_pages = {pages} from {source}: XRT asks for a {} MiB device heap",
             heap >> 20
