@@ -89,6 +89,37 @@ fn normalize_command_prints_the_grammar_s_decisions() {
     assert!(e.contains("unsupported language"), "{e}");
 }
 
+/// One flag name for the text's language across the CLI (issue 54, item 5): `--lang`, as `say`
+/// and `prompt` take it, with `--language` accepted everywhere as an alias.
+#[test]
+fn every_command_takes_lang_and_language_alike() {
+    if !grammars("every_command_takes_lang_and_language_alike") {
+        return;
+    }
+    let text = "Am 12.05.2026 um 10:30 Uhr.";
+    let by_lang = common::cli(&["normalize", "--lang", "de", text]);
+    let by_language = common::cli(&["normalize", "--language", "de", text]);
+    assert!(by_lang.status.success(), "{}", common::stderr(&by_lang));
+    assert_eq!(common::stdout(&by_lang), common::stdout(&by_language));
+    assert!(
+        common::stdout(&by_lang).contains("zehn Uhr dreißig"),
+        "{}",
+        common::stdout(&by_lang)
+    );
+    assert_eq!(
+        prompt_json(&["--lang", "de", text]),
+        prompt_json(&["--language", "de", text])
+    );
+    // Both names are listed in each command's help.
+    for cmd in ["normalize", "say", "prompt"] {
+        let help = common::stdout(&common::cli(&[cmd, "--help"]));
+        assert!(
+            help.contains("--lang") && help.contains("language"),
+            "{cmd}: {help}"
+        );
+    }
+}
+
 #[test]
 fn markup_pauses_cut_pieces_and_ipa_goes_into_the_prompt_as_written() {
     let v = prompt_json(&[

@@ -205,8 +205,9 @@ pub struct GenArgs {
     pub min_new_tokens: usize,
     #[arg(long)]
     pub max_new_tokens: Option<usize>,
-    /// Language of the text (en-us, de, fr-fr, es); default: the voice's.
-    #[arg(long)]
+    /// Language of the text (en-us, de, fr-fr, es); default: the voice's. `--language` is
+    /// accepted too (one name across the commands, the other as an alias).
+    #[arg(long, visible_alias = "language")]
     pub lang: Option<String>,
     /// Prompt format override (phonemes, bpe); default: the model's.
     #[arg(long)]

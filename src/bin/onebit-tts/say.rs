@@ -80,12 +80,22 @@ pub struct PromptArgs {
 
 #[derive(clap::Args)]
 pub struct NormalizeArgs {
-    /// Language: en-us (or en), de, fr-fr (or fr), es.
-    #[arg(long, short = 'l', default_value = "en-us")]
+    /// Language: en-us (or en), de, fr-fr (or fr), es. `--lang` as in `say` and `prompt`;
+    /// `--language` is accepted too.
+    #[arg(
+        long = "lang",
+        short = 'l',
+        visible_alias = "language",
+        default_value = "en-us"
+    )]
     pub language: String,
-    /// Print {"text", "normalized", "records", "notes"} as JSON.
+    /// Print {"text", "normalized", "grammar", "records", "notes"} as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Print the grammars' own output (damga's, which also tidies spaces and quotes it did not
+    /// read) instead of the spoken form, where everything unread stays as written.
+    #[arg(long)]
+    pub grammar: bool,
     /// Read standard input line by line and print one result per line (the grammars load once).
     #[arg(long, conflicts_with = "text")]
     pub lines: bool,
@@ -102,9 +112,11 @@ pub fn normalize(a: NormalizeArgs) -> Result<()> {
         if a.json {
             println!(
                 "{}",
-                serde_json::json!({"text": text, "normalized": n.text, "records": n.records,
-                    "notes": n.notes})
+                serde_json::json!({"text": text, "normalized": n.text, "grammar": n.grammar,
+                    "records": n.records, "notes": n.notes})
             );
+        } else if a.grammar {
+            println!("{}", n.grammar);
         } else {
             println!("{}", n.text);
         }

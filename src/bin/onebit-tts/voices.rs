@@ -34,8 +34,8 @@ pub enum VoicesCmd {
         /// Exact transcript of the reference (default: NAME.txt beside the codes).
         #[arg(long)]
         text: Option<String>,
-        /// LANG for all, or NAME=LANG for one (repeatable).
-        #[arg(long = "language")]
+        /// LANG for all, or NAME=LANG for one (repeatable). `--language` is accepted too.
+        #[arg(long = "lang", visible_alias = "language")]
         languages: Vec<String>,
         #[arg(long)]
         source: Option<String>,
@@ -75,8 +75,12 @@ pub struct AddArgs {
     /// (default: the `encoder` of the model's codec/codec.json).
     #[arg(long, env = "ONEBIT_CODEC_ENCODER")]
     pub encoder: Option<PathBuf>,
-    /// espeak language of the transcript: en-us, de, fr-fr, es.
-    #[arg(long, default_value = onebit_tts::voice::import::DEFAULT_LANGUAGE)]
+    /// espeak language of the transcript: en-us, de, fr-fr, es. `--language` is accepted too.
+    #[arg(
+        long = "lang",
+        visible_alias = "language",
+        default_value = onebit_tts::voice::import::DEFAULT_LANGUAGE
+    )]
     pub language: String,
     #[arg(long)]
     pub license: Option<String>,

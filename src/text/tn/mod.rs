@@ -156,8 +156,13 @@ struct Grammars {
 /// What normalisation made of a text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Normalized {
-    /// The spoken form (the input, cleaned, where nothing applied).
+    /// The spoken form: what the grammars read, verbalised, and everything else as written
+    /// (spelling and spacing: [`as_written_where_unread`]), so that a text with nothing to read
+    /// reaches the prompt exactly as the vendor's neutts would take it.
     pub text: String,
+    /// The grammars' own output, sentence by sentence as damga gives it (its clean-up of spaces
+    /// and quotes included).
+    pub grammar: String,
     /// The grammar's tagged reading of each sentence (`money(text="…")`): what it decided.
     pub records: Vec<String>,
     /// Sentences read as written, and why (e.g. "no reading").
@@ -268,16 +273,17 @@ impl Normalizer {
     pub fn normalize(&self, text: &str, lang: Language) -> Result<Normalized, TnError> {
         let g = self.grammars(lang)?;
         let mut out = Normalized {
-            text: String::with_capacity(text.len() * 2),
+            text: String::new(),
+            grammar: String::with_capacity(text.len() * 2),
             records: Vec::new(),
             notes: Vec::new(),
         };
         for sentence in chunks(text) {
             let one = normalize_sentence(g, &sentence, lang);
-            if !out.text.is_empty() && !one.text.is_empty() {
-                out.text.push(' ');
+            if !out.grammar.is_empty() && !one.text.is_empty() {
+                out.grammar.push(' ');
             }
-            out.text.push_str(&one.text);
+            out.grammar.push_str(&one.text);
             if let Some(r) = one.record {
                 tracing::debug!("normaliser: {sentence:?} read as {r}");
                 out.records.push(r);
@@ -287,7 +293,110 @@ impl Normalizer {
                 out.notes.push(format!("{sentence:?}: {n}"));
             }
         }
+        out.text = as_written_where_unread(text, &out.grammar);
         Ok(out)
+    }
+}
+
+/// `spoken` (the grammars' output for `written`) with every part the grammars did not read put
+/// back as written. The grammars also tidy what they leave alone (no space before `?` or `;`,
+/// straight apostrophes, single spaces, NFC), which moves a prompt away from the text the model
+/// was trained on (French writes "plaît ?"). Both texts are cut into tokens (runs of letters and
+/// digits; any other visible character alone) and aligned with a diff; a token of `spoken` that
+/// is one of `written` (compared after the grammars' own folding) is written as it was, and so
+/// is the space between two such tokens that were neighbours in `written`. Everything else
+/// (what the grammars verbalised, and the spaces around it) is taken from `spoken`.
+pub fn as_written_where_unread(written: &str, spoken: &str) -> String {
+    let a = tokens(written);
+    let b = tokens(spoken);
+    let key = |t: &Token| fold(&t.text);
+    let ops = similar::capture_diff_slices_by_key(similar::Algorithm::Myers, &a, &b, key);
+    // For each token of `spoken`, the token of `written` it is (if any).
+    let mut from = vec![None; b.len()];
+    for op in ops {
+        if let similar::DiffOp::Equal {
+            old_index,
+            new_index,
+            len,
+        } = op
+        {
+            for i in 0..len {
+                from[new_index + i] = Some(old_index + i);
+            }
+        }
+    }
+    let mut out = String::with_capacity(spoken.len());
+    for (j, t) in b.iter().enumerate() {
+        if j > 0 {
+            let gap = match (from[j - 1], from[j]) {
+                (Some(p), Some(k)) if k == p + 1 => &written[a[p].end..a[k].start],
+                _ => &spoken[b[j - 1].end..t.start],
+            };
+            out.push_str(gap);
+        }
+        match from[j] {
+            Some(k) => out.push_str(&written[a[k].start..a[k].end]),
+            None => out.push_str(&spoken[t.start..t.end]),
+        }
+    }
+    out
+}
+
+struct Token {
+    start: usize,
+    end: usize,
+    text: String,
+}
+
+/// Runs of letters, digits and combining marks are one token; whitespace separates; any other
+/// character is a token alone.
+fn tokens(s: &str) -> Vec<Token> {
+    let mut v: Vec<Token> = Vec::new();
+    let mut word: Option<usize> = None;
+    let wordish =
+        |c: char| c.is_alphanumeric() || unicode_normalization::char::is_combining_mark(c);
+    for (i, c) in s.char_indices() {
+        if wordish(c) {
+            word.get_or_insert(i);
+            continue;
+        }
+        if let Some(st) = word.take() {
+            v.push(Token {
+                start: st,
+                end: i,
+                text: s[st..i].to_owned(),
+            });
+        }
+        if !c.is_whitespace() {
+            v.push(Token {
+                start: i,
+                end: i + c.len_utf8(),
+                text: c.to_string(),
+            });
+        }
+    }
+    if let Some(st) = word {
+        v.push(Token {
+            start: st,
+            end: s.len(),
+            text: s[st..].to_owned(),
+        });
+    }
+    v
+}
+
+/// A token as the grammars' preprocessing leaves it (NFC, apostrophes straightened), so that
+/// what they only tidied still counts as unread.
+fn fold(t: &str) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    t.nfc().map(straight_apostrophe).collect()
+}
+
+/// damga's preprocessing writes every apostrophe-like mark as `'`.
+fn straight_apostrophe(c: char) -> char {
+    match c {
+        '\u{2019}' | '\u{2018}' | '\u{2bc}' | '`' | '\u{b4}' => '\'',
+        c => c,
     }
 }
 
@@ -428,10 +537,7 @@ fn preprocess(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut space = false;
     for c in text.nfc() {
-        let c = match c {
-            '\u{2019}' | '\u{2018}' | '\u{2bc}' | '`' | '\u{b4}' => '\'',
-            c => c,
-        };
+        let c = straight_apostrophe(c);
         // damga's `[ \t\r\n   ]+` (with NBSP, thin space and narrow NBSP).
         if matches!(
             c,
@@ -510,6 +616,43 @@ fn reattach_quotes(source: &str, output: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_the_grammars_did_not_read_stays_as_written() {
+        let k = as_written_where_unread;
+        // Only tidied: the French space before "?" and ";" and the curly apostrophes come back.
+        assert_eq!(
+            k(
+                "Où est la gare, s’il vous plaît ?",
+                "Où est la gare, s'il vous plaît?"
+            ),
+            "Où est la gare, s’il vous plaît ?"
+        );
+        // A reading between unread words takes the grammars' spacing around it only.
+        assert_eq!(
+            k("Il a 3 chats ; et toi ?", "Il a trois chats; et toi?"),
+            "Il a trois chats ; et toi ?"
+        );
+        assert_eq!(
+            k(
+                "My email is jane.doe@example.com, ok ?",
+                "My email is jane dot doe at example dot com, ok?"
+            ),
+            "My email is jane dot doe at example dot com, ok ?"
+        );
+        assert_eq!(k("Dr. Smith", "doctor Smith"), "doctor Smith");
+        // Line breaks and runs of spaces between unread words are kept; NFD stays NFD where
+        // unread.
+        assert_eq!(
+            k("Bonjour\n\nà  tous", "Bonjour à tous"),
+            "Bonjour\n\nà  tous"
+        );
+        let nfd = "cafe\u{301} ?";
+        assert_eq!(k(nfd, "café?"), nfd);
+        // Nothing to say, or everything new.
+        assert_eq!(k("…", ""), "");
+        assert_eq!(k("12", "twelve"), "twelve");
+    }
 
     #[test]
     fn preprocess_folds_space_and_apostrophes_and_composes() {
