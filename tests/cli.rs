@@ -271,6 +271,29 @@ fn say_hi_on_the_test_package_gives_a_few_seconds() {
         err.contains("WARN") && err.contains("ended at 140 codes (its text's code budget)"),
         "{err}"
     );
+    // The package says its weights are random: `say` passes it on, once, with the way out
+    // (issue 54, item 6).
+    let notice = "holds random weights (made by tools/gen_models.py, a generated test package): \
+                  it makes sound-like audio at the real rates but speaks no words. For the real \
+                  model run `onebit-tts models setup`";
+    assert_eq!(err.matches(notice).count(), 1, "{err}");
+    // A package that claims nothing gets no such word.
+    let plain = common::tempdir("say-hi-plain");
+    common::copy_dir(&model, &plain);
+    std::fs::remove_file(plain.join("onebit_weights.json")).expect("the generator writes it");
+    let o = cli(&[
+        "say",
+        "-q",
+        "--model",
+        plain.to_str().unwrap(),
+        "--voice",
+        "test",
+        "-o",
+        out.to_str().unwrap(),
+        "hi",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("random weights"), "{}", stderr(&o));
 }
 
 /// A long text with a sentence of only emoji: that sentence is skipped with a warning and the rest
@@ -434,6 +457,15 @@ fn bench_json_reports_each_runs_finish_reason() {
     let v: serde_json::Value = serde_json::from_str(&common::stdout(&o)).unwrap();
     let codec = v["codec"].as_str().unwrap();
     assert!(codec.starts_with("2 sessions x "), "{codec}");
+    // The report and the log say once that the package speaks no words.
+    let note = v["package_note"]
+        .as_str()
+        .expect("a note for random weights");
+    assert!(
+        note.starts_with("models/tiny holds random weights (made by tools/gen_models.py"),
+        "{note}"
+    );
+    assert_eq!(stderr(&o).matches("holds random weights").count(), 1);
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3);
     for r in runs {

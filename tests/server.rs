@@ -806,6 +806,13 @@ async fn voices_models_health_and_metrics() {
     assert_eq!(h["ready"], true);
     assert_eq!(h["device"], "cpu");
     assert!(!h["engine"].as_str().unwrap().is_empty());
+    // The test package's own word that it speaks no words, with the way to the real model.
+    let note = h["model_note"].as_str().expect("a note for random weights");
+    assert!(
+        note.contains("holds random weights (made by tools/gen_models.py")
+            && note.contains("onebit-tts models setup"),
+        "{note}"
+    );
 
     // One request so the counters move.
     let r = speak(&c, &s, &body(json!({"response_format": "wav"}))).await;

@@ -1337,6 +1337,10 @@ def generate(out, variant="chain", real_shape=False, encoder=None, codec=None, k
         expect["text_bias_ids"] = W["text_bias_ids"]
         expect["text_bias_pad_id"] = W["text_bias_pad_id"]
     write_json(os.path.join(out, "expect.json"), expect, indent=2)
+    # The package's own word that its weights are random, which `say`, `serve` and `bench` pass on
+    # to the user (src/package/mod.rs, WEIGHTS_MANIFEST).
+    write_json(os.path.join(out, "onebit_weights.json"),
+               {"random": True, "made_by": "tools/gen_models.py, a generated test package"})
     return expect
 
 

@@ -127,6 +127,8 @@ pub struct Report {
     /// The NPU residency verdict and its evidence (`None` off the NPU).
     pub residency: Option<crate::npu::Residency>,
     pub package: String,
+    /// Said of a package whose weights are random (a test package: no words), once.
+    pub package_note: Option<String>,
     pub machine: String,
     /// The codec's sessions and threads.
     pub codec: String,
@@ -307,6 +309,7 @@ pub fn run(
         device: synth.device_label(),
         residency: synth.residency(),
         package: synth.package().dir.display().to_string(),
+        package_note: synth.package().random_weights_notice(),
         machine: machine(),
         codec: format!(
             "{}, stream windows {}",
@@ -326,10 +329,13 @@ impl Report {
     /// The table `bench` prints on stdout.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "engine {}\ndevice {}\npackage {}\nmachine {}\ncodec {}\n\n{:<8} {:<8} {:>6} {:>6} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   stage ms (front/prefill/decode/codec/encode; turn wait)\n",
+            "engine {}\ndevice {}\npackage {}{}\nmachine {}\ncodec {}\n\n{:<8} {:<8} {:>6} {:>6} {:>6} {:>16} {:>13} {:>13} {:>16} {:>14} {:>12}   stage ms (front/prefill/decode/codec/encode; turn wait)\n",
             self.engine,
             self.device,
             self.package,
+            self.package_note
+                .as_ref()
+                .map_or_else(String::new, |n| format!("\nnote    {n}")),
             self.machine,
             self.codec,
             "case",

@@ -566,6 +566,7 @@ mod tests {
             device: "cpu".into(),
             residency: None,
             package: "pkg".into(),
+            package_note: None,
             machine: "2 cores".into(),
             codec: "codec".into(),
             runs: Vec::new(),

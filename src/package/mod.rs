@@ -33,6 +33,36 @@ pub(crate) fn is_external_data_of(graph: &str, name: &str) -> bool {
 }
 
 /// NeuCodec's fixed rates: 24 kHz audio, 480 samples per code (50 codes per second).
+/// Reads [`WEIGHTS_MANIFEST`] (absent: `None`).
+fn random_weights(dir: &Path) -> Result<Option<String>, PackageError> {
+    let path = dir.join(WEIGHTS_MANIFEST);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    let m: WeightsManifest = serde_json::from_str(&text).map_err(|e| PackageError::Invalid {
+        path: path.clone(),
+        msg: e.to_string(),
+    })?;
+    Ok(m.random.then(|| {
+        if m.made_by.is_empty() {
+            "made by an unnamed tool".to_owned()
+        } else {
+            format!("made by {}", m.made_by)
+        }
+    }))
+}
+
+/// A package's own word on its weights, written by whatever made it (tools/gen_models.py for the
+/// generated test packages): `{"random": true, "made_by": "..."}`. Absent: nothing is claimed.
+pub const WEIGHTS_MANIFEST: &str = "onebit_weights.json";
+
+#[derive(Debug, Deserialize)]
+struct WeightsManifest {
+    random: bool,
+    #[serde(default)]
+    made_by: String,
+}
+
 pub const CODEC_SAMPLE_RATE: u32 = 24_000;
 pub const CODEC_HOP: usize = 480;
 /// Speech codes per second of audio (50): also the real-time line, the decode rate a synthesis
@@ -192,6 +222,9 @@ pub struct ModelPackage {
     /// What `models optimize` changed about the logits (the default when the package has no
     /// onebit_logits.json).
     pub logits: LogitsManifest,
+    /// Who made the package's weights when its [`WEIGHTS_MANIFEST`] says they are random (a
+    /// test package: sound-like audio, no words).
+    pub random_weights: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -427,6 +460,7 @@ impl ModelPackage {
         }
 
         let codec = CodecPackage::load(&codec_dir_of(dir, codec_dir))?;
+        let random_weights = random_weights(dir)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             genai,
@@ -438,6 +472,21 @@ impl ModelPackage {
             input_format,
             codec,
             logits,
+            random_weights,
+        })
+    }
+
+    /// What to tell a user of a package with random weights, once (`None`: real weights, as far
+    /// as the package says).
+    pub fn random_weights_notice(&self) -> Option<String> {
+        self.random_weights.as_ref().map(|by| {
+            format!(
+                "{} holds random weights ({by}): it makes sound-like audio at the real rates but \
+                 speaks no words. For the real model run `onebit-tts models setup` (it pulls \
+                 neutts-air-q4 where the Hugging Face Hub is reachable) and use \
+                 models/neutts-air-q4",
+                self.dir.display()
+            )
         })
     }
 

@@ -216,6 +216,8 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
             v
         }),
         "model": st.package_name(),
+        // The package's own word that its weights are random (a test package: no words).
+        "model_note": st.synth.package().random_weights_notice(),
         "device": st.cfg.device,
         "engine": st.synth.engine_description(),
         "residency": st.synth.residency(),
