@@ -41,7 +41,8 @@ for src in tiny tiny-random; do
   out="models/$src-gguf"
   rm -rf "$out.partial" && mkdir -p "$out.partial"
   "$py" tools/onnx_to_gguf.py "models/$src" --weights f32 --token-embd f32 --out "$out.partial/model-f32.gguf"
-  cp "models/$src/tokenizer.json" "models/$src/tokenizer_config.json" "models/$src/config.json" "$out.partial/"
+  cp "models/$src/tokenizer.json" "models/$src/tokenizer_config.json" "models/$src/config.json" \
+    "models/$src/onebit_weights.json" "$out.partial/"
   cp -r "models/$src/codec" "$out.partial/codec"
   rm -rf "$out" && mv "$out.partial" "$out"
 done
@@ -50,6 +51,7 @@ out=models/real-shape-q4-gguf
 rm -rf "$src" "$out.partial" && mkdir -p "$out.partial"
 "$py" tools/gen_models.py --out "$src" --real-shape --variant random --codec tiny
 "$py" tools/onnx_to_gguf.py "$src" --out "$out.partial/model-q4_0.gguf"
-cp "$src/tokenizer.json" "$src/tokenizer_config.json" "$src/config.json" "$out.partial/"
+cp "$src/tokenizer.json" "$src/tokenizer_config.json" "$src/config.json" "$src/onebit_weights.json" \
+  "$out.partial/"
 cp -r "$src/codec" "$out.partial/codec"
 rm -rf "$src" "$out" && mv "$out.partial" "$out"

@@ -48,7 +48,7 @@ else
 fi
 # --force: these four files are derived from the wheel; a partial earlier import is replaced.
 "${tts[@]}" voices import "$samples" \
-  --language en-us \
+  --lang en-us \
   --source "neutts 1.4.1 wheel (PyPI), neutts/samples" \
   --license "NeuTTS Open License v1.0" \
   --force

@@ -21,7 +21,7 @@ else
   tts=(cargo run --quiet --release --)
 fi
 "${tts[@]}" voices import samples \
-  --language en-us --language greta=de --language juliette=fr-fr --language mateo=es \
+  --lang en-us --lang greta=de --lang juliette=fr-fr --lang mateo=es \
   --source "neuphonic/neutts repository, samples/ at commit 857bec0 (copied to samples/); converted from the .pt codes by onebit-tts voices import" \
   --license "NeuTTS Open License v1.0 (samples/LICENSE)" \
   --dir voices "$@"

@@ -32,7 +32,6 @@ pub(crate) fn is_external_data_of(graph: &str, name: &str) -> bool {
         .is_some_and(|rest| rest.starts_with('.') || rest.starts_with("_data"))
 }
 
-/// NeuCodec's fixed rates: 24 kHz audio, 480 samples per code (50 codes per second).
 /// Reads [`WEIGHTS_MANIFEST`] (absent: `None`).
 fn random_weights(dir: &Path) -> Result<Option<String>, PackageError> {
     let path = dir.join(WEIGHTS_MANIFEST);
@@ -63,6 +62,7 @@ struct WeightsManifest {
     made_by: String,
 }
 
+/// NeuCodec's fixed rates: 24 kHz audio, 480 samples per code (50 codes per second).
 pub const CODEC_SAMPLE_RATE: u32 = 24_000;
 pub const CODEC_HOP: usize = 480;
 /// Speech codes per second of audio (50): also the real-time line, the decode rate a synthesis
@@ -482,9 +482,9 @@ impl ModelPackage {
         self.random_weights.as_ref().map(|by| {
             format!(
                 "{} holds random weights ({by}): it makes sound-like audio at the real rates but \
-                 speaks no words. For the real model run `onebit-tts models setup` (it pulls \
-                 neutts-air-q4 where the Hugging Face Hub is reachable) and use \
-                 models/neutts-air-q4",
+                 speaks no words. For the real model run `onebit-tts models setup` (it keeps a \
+                 real package in models/, else pulls neutts-air-q4 where the Hugging Face Hub is \
+                 reachable) and leave out --model: the default takes the real package",
                 self.dir.display()
             )
         })

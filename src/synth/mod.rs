@@ -272,10 +272,6 @@ pub struct Synthesizer {
 impl Synthesizer {
     pub fn load(cfg: &SynthConfig) -> Result<Self, crate::Error> {
         let front = FrontEnd::load(cfg)?;
-        // Said once, where every command that speaks loads its model (say, serve, bench).
-        if let Some(note) = front.package().random_weights_notice() {
-            tracing::warn!("{note}");
-        }
         let mut engine = load_engine(cfg, front.package())?;
         // The codec's default sessions follow the streams that will really run at once.
         let streams = Scheduler::places(engine.as_mut(), &cfg.scheduler);

@@ -42,6 +42,10 @@ impl FrontEnd {
     /// Loads the package, voices and lexicon a config names.
     pub fn load(cfg: &SynthConfig) -> Result<Self, crate::Error> {
         let pkg = ModelPackage::load(&cfg.package_dir, cfg.codec_dir.as_deref())?;
+        // Said once per package, where every command that speaks loads one (say, serve, bench).
+        if let Some(note) = pkg.random_weights_notice() {
+            tracing::warn!("{note}");
+        }
         let voices = VoiceStore::open(&cfg.voice_dirs)?;
         let mut front = Self::new(pkg, voices);
         if let Some(path) = &cfg.lexicon {

@@ -330,6 +330,9 @@ pub fn as_written_where_unread(written: &str, spoken: &str) -> String {
         if j > 0 {
             let gap = match (from[j - 1], from[j]) {
                 (Some(p), Some(k)) if k == p + 1 => &written[a[p].end..a[k].start],
+                // Unread punctuation keeps the space it had before it (French "cinq euros ?"),
+                // which the grammars took away whatever precedes it.
+                (_, Some(k)) if k > 0 && !is_word(&a[k].text) => &written[a[k - 1].end..a[k].start],
                 _ => &spoken[b[j - 1].end..t.start],
             };
             out.push_str(gap);
@@ -348,13 +351,20 @@ struct Token {
     text: String,
 }
 
+/// Letters, digits and combining marks: what a word token is made of.
+fn wordish(c: char) -> bool {
+    c.is_alphanumeric() || unicode_normalization::char::is_combining_mark(c)
+}
+
+fn is_word(token: &str) -> bool {
+    token.chars().next().is_some_and(wordish)
+}
+
 /// Runs of letters, digits and combining marks are one token; whitespace separates; any other
 /// character is a token alone.
 fn tokens(s: &str) -> Vec<Token> {
     let mut v: Vec<Token> = Vec::new();
     let mut word: Option<usize> = None;
-    let wordish =
-        |c: char| c.is_alphanumeric() || unicode_normalization::char::is_combining_mark(c);
     for (i, c) in s.char_indices() {
         if wordish(c) {
             word.get_or_insert(i);
@@ -641,6 +651,15 @@ mod tests {
             "My email is jane dot doe at example dot com, ok ?"
         );
         assert_eq!(k("Dr. Smith", "doctor Smith"), "doctor Smith");
+        // A reading right before unread punctuation: the punctuation keeps its space.
+        assert_eq!(
+            k("Ça coûte 5 € ?", "Ça coûte cinq euros?"),
+            "Ça coûte cinq euros ?"
+        );
+        assert_eq!(
+            k("Il est 10 h ?", "Il est dix heures?"),
+            "Il est dix heures ?"
+        );
         // Line breaks and runs of spaces between unread words are kept; NFD stays NFD where
         // unread.
         assert_eq!(
