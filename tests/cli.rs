@@ -417,8 +417,17 @@ fn say_logs_warnings_only_unless_asked() {
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "only the summary: {err}");
-    assert!(lines[0].starts_with("wrote "), "{err}");
+    // The test package's one warning (its weights are random), then the summary.
+    assert_eq!(
+        lines.len(),
+        2,
+        "the package's note and the summary only: {err}"
+    );
+    assert!(
+        lines[0].contains("WARN") && lines[0].contains("holds random weights"),
+        "{err}"
+    );
+    assert!(lines[1].starts_with("wrote "), "{err}");
 
     for (verbose, env) in [
         (true, None),
