@@ -60,30 +60,20 @@ run() { # run NAME EXPECTED_RC [VAR=VALUE...] -- ARGS...; output in $tmp/out
     die "$name: succeeded, expected a refusal"
   fi
 }
-expect() { # expect NAME LINE... : each LINE is in $tmp/out
-  local name="$1" line
-  shift
-  for line in "$@"; do
-    grep -qxF -- "$line" "$tmp/out" || {
+expect_grep() { # expect_grep GREP_FLAGS WHAT NAME PATTERN... : each PATTERN is in $tmp/out
+  local flags="$1" what="$2" name="$3" pattern
+  shift 3
+  for pattern in "$@"; do
+    grep "$flags" -- "$pattern" "$tmp/out" || {
       cat "$tmp/out" >&2
-      die "$name: no line '$line'"
+      die "$name: $what '$pattern'"
     }
   done
   passed=$((passed + 1))
   say "ok   $name"
 }
-expect_text() { # expect_text NAME TEXT... : each TEXT occurs in $tmp/out
-  local name="$1" text
-  shift
-  for text in "$@"; do
-    grep -qF -- "$text" "$tmp/out" || {
-      cat "$tmp/out" >&2
-      die "$name: the message lacks '$text'"
-    }
-  done
-  passed=$((passed + 1))
-  say "ok   $name"
-}
+expect() { expect_grep -qxF "no line" "$@"; }            # expect NAME LINE...: each a whole line
+expect_text() { expect_grep -qF "the message lacks" "$@"; } # expect_text NAME TEXT...: each occurs
 # A base podman surely lacks, so the checks of making it always run.
 absent=ONEBIT_BASE_IMAGE=onebit-base:image-check-absent
 
