@@ -210,28 +210,36 @@ impl fmt::Display for EnvPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             EnvPlan::Unchanged(why) => write!(f, "worker env: unchanged ({why})"),
-            EnvPlan::Set(w) => write!(
-                f,
-                "worker env: XILINX_XRT={} ({}) LD_LIBRARY_PATH={}{} RYZENAI_EP_PATH={}{} \
-                 RYZEN_AI_INSTALLATION_PATH={}",
-                w.xilinx_xrt.display(),
-                w.xrt_source,
-                Path::new(&w.ld_library_path).display(),
-                match &w.xrt_first {
-                    Some(why) => format!(" (XRT first: {why})"),
-                    None => " (AMD's order)".to_owned(),
-                },
-                w.ryzenai_ep_path.display(),
-                if w.ep_path_from_user {
-                    " (yours)"
-                } else if w.provider_beside_worker {
-                    " (provider beside the worker)"
-                } else {
-                    ""
-                },
-                w.ryzen_ai_installation_path.display()
-            ),
+            EnvPlan::Set(w) => write!(f, "worker env: {w}"),
         }
+    }
+}
+
+impl fmt::Display for WorkerEnv {
+    /// The variables and why each has its value: `XILINX_XRT=... (...) LD_LIBRARY_PATH=...`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = self;
+        write!(
+            f,
+            "XILINX_XRT={} ({}) LD_LIBRARY_PATH={}{} RYZENAI_EP_PATH={}{} \
+             RYZEN_AI_INSTALLATION_PATH={}",
+            w.xilinx_xrt.display(),
+            w.xrt_source,
+            Path::new(&w.ld_library_path).display(),
+            match &w.xrt_first {
+                Some(why) => format!(" (XRT first: {why})"),
+                None => " (AMD's order)".to_owned(),
+            },
+            w.ryzenai_ep_path.display(),
+            if w.ep_path_from_user {
+                " (yours)"
+            } else if w.provider_beside_worker {
+                " (provider beside the worker)"
+            } else {
+                ""
+            },
+            w.ryzen_ai_installation_path.display()
+        )
     }
 }
 

@@ -230,7 +230,7 @@ pub struct CounterReader {
 }
 
 /// The fd of this process's open [`CounterReader`] on the real node (-1: none), so that "does
-/// this process hold the NPU" can leave out a client that holds no context.
+/// this process hold the NPU" and the fdinfo evidence leave out a client that holds no context.
 static OWN_READER_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// This process's own counter reader's fd, if one is open.
@@ -324,11 +324,6 @@ impl NpuWatch {
 
     pub fn read(&self) -> Counters {
         Self::sample(&self.reader)
-    }
-
-    /// Our own reader's fd, which is no evidence of XRT's (`None`: no real fd).
-    pub fn reader_fd(&self) -> Option<i32> {
-        self.reader.as_ref().ok().and_then(|r| r.fd)
     }
 
     /// The counters around `run` (the evidence decode steps), with the reading from before the

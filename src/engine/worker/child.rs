@@ -389,7 +389,9 @@ fn gather_evidence(
     mut notes: Vec<String>,
 ) -> Result<Residency, EngineError> {
     let pid = std::process::id();
-    let accel_before = sample_accel(pid, roots, watch.reader_fd(), &mut notes);
+    // Our own counter reader's fd is no evidence of XRT's.
+    let reader = crate::npu::residency::own_reader_fd();
+    let accel_before = sample_accel(pid, roots, reader, &mut notes);
     let readings = watch.evidence_round(|| {
         b.reset();
         b.append(&[0; 8])?;
@@ -399,7 +401,7 @@ fn gather_evidence(
         b.reset();
         Ok::<(), EngineError>(())
     })?;
-    let accel_after = sample_accel(pid, roots, watch.reader_fd(), &mut notes);
+    let accel_after = sample_accel(pid, roots, reader, &mut notes);
     let mem_usage_after = if mem_usage_before.is_some() {
         sample_mem_usage(roots, &mut notes)
     } else {

@@ -1293,17 +1293,9 @@ impl Doctor<'_> {
             worker_exe: self.i.worker_exe.clone().unwrap_or_default(),
         };
         match env::worker_env(&inputs) {
-            Ok(plan @ EnvPlan::Set(_)) => {
-                self.push(Check::pass(
-                    names::WORKER_ENV,
-                    plan.to_string()
-                        .trim_start_matches("worker env: ")
-                        .to_string(),
-                ));
-                match plan {
-                    EnvPlan::Set(w) => Some(w),
-                    EnvPlan::Unchanged(_) => None,
-                }
+            Ok(EnvPlan::Set(w)) => {
+                self.push(Check::pass(names::WORKER_ENV, w.to_string()));
+                Some(w)
             }
             Ok(EnvPlan::Unchanged(why)) => {
                 self.push(Check::warn(
