@@ -33,8 +33,9 @@
 #   *.sha256                                       sha256sum lines for both archives
 # No models: `bin/onebit-tts models pull` fetches them.
 #
-# Needs: objcopy and readelf (binutils), patchelf, python3, tar, gzip, and cargo with the crates'
-# sources in its registry (any build of this checkout leaves them there). The runtime comes from
+# Needs: objcopy and readelf (binutils), patchelf, python3, tar, gzip, and cargo with the sources
+# of the crates compiled into the binary in its registry (the build of PATH left them there; the
+# dev-dependencies, which only `cargo test` fetches, are not needed). The runtime comes from
 # .onebit/ (scripts/setup.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -148,22 +149,21 @@ cp "$root/README.md" "$root/LICENSE" "$root/NOTICE" "$pkg/"
 
 # What the binary has built in: every crate compiled into it (normal dependencies of onebit-tts
 # for this target, proc-macros excluded) with its licence files, plus the C/C++ libraries the
-# -sys crates vendor and build into it.
-meta_args=(--format-version 1 --locked --offline --filter-platform x86_64-unknown-linux-gnu
-  --manifest-path "$root/Cargo.toml")
-[ -n "$features" ] && meta_args+=(--features "$features")
-cargo metadata "${meta_args[@]}" >"$work/metadata.json" ||
-  die "cargo metadata failed (the crates' sources must be in cargo's registry: build this checkout once)"
+# -sys crates vendor and build into it. `cargo tree` without dev edges resolves features as
+# `cargo build` does and needs only the sources a build fetched; `cargo metadata` would need the
+# dev-dependencies' too (a checkout only built, as by scripts/quickstart.sh, lacks them), and its
+# graph also lists optional crates no build of this checkout compiles.
+tree_args=(--locked --offline -e 'normal,no-proc-macro' --target x86_64-unknown-linux-gnu
+  --prefix none --format $'{p}\t{l}' --manifest-path "$root/Cargo.toml")
+[ -n "$features" ] && tree_args+=(--features "$features")
+cargo tree "${tree_args[@]}" >"$work/crates.tsv" ||
+  die "cargo tree failed: the sources of the crates compiled into the binary must be in cargo's registry (the build of $binary leaves them there; \`cargo fetch --locked\` fetches them)"
 cp "$common/GPL-3" "$pkg/licenses/GPL-3.0.txt"
 cp "$common/LGPL-3" "$pkg/licenses/LGPL-3.0.txt"
-python3 - "$work/metadata.json" "$pkg/licenses" <<'PY'
-import json, os, re, shutil, sys
+python3 - "$work/crates.tsv" "$pkg/licenses" "${CARGO_HOME:-$HOME/.cargo}" <<'PY'
+import glob, os, re, shutil, sys
 
-meta = json.load(open(sys.argv[1]))
-out = sys.argv[2]
-pkgs = {p["id"]: p for p in meta["packages"]}
-nodes = {n["id"]: n for n in meta["resolve"]["nodes"]}
-root = meta["resolve"]["root"]
+out, cargo_home = sys.argv[2], sys.argv[3]
 # The libraries -sys crates vendor and link into the binary statically, and their licence files.
 vendored = {
     "llama-cpp-sys-2": [("llama.cpp", "llama.cpp/LICENSE")],
@@ -173,23 +173,33 @@ vendored = {
 }
 licence_name = re.compile(r"^(LICEN[CS]E|COPYING|COPYRIGHT|NOTICE|UNLICENSE)([-._].*)?$", re.I)
 
-shipped, stack = set(), [root]
-while stack:
-    node = nodes[stack.pop()]
-    for dep in node["deps"]:
-        if not any(k["kind"] is None for k in dep["dep_kinds"]):
-            continue  # dev- and build-dependencies are not in the binary
-        p = pkgs[dep["pkg"]]
-        if any("proc-macro" in t["kind"] for t in p["targets"]):
-            continue  # runs in the compiler, not in the binary
-        if dep["pkg"] not in shipped:
-            shipped.add(dep["pkg"])
-            stack.append(dep["pkg"])
+# One line per edge ("NAME vVERSION[ (PATH)]<TAB>LICENCE", " (*)" where a crate's dependencies were
+# listed before); the first is onebit-tts itself.
+entry = re.compile(r"^(\S+) v(\S+)(?: \((/[^)]*)\))?\t(.*?)(?: \(\*\))?$")
+shipped = {}
+for line in open(sys.argv[1]).read().splitlines()[1:]:
+    m = entry.match(line)
+    if not m:
+        sys.exit(f"package: cargo tree printed {line!r}, not a crate: update scripts/package.sh")
+    name, version, path, licence = m.groups()
+    if path:
+        src = path
+    else:
+        # A registry crate's sources, as cargo unpacked them (any registry's copy: crates.io's
+        # files of a version never change).
+        found = sorted(glob.glob(os.path.join(glob.escape(cargo_home), "registry", "src", "*", f"{name}-{version}", "Cargo.toml")))
+        if not found:
+            sys.exit(f"package: {name} {version} is not in {cargo_home}/registry/src (cargo fetch --locked fetches it)")
+        src = os.path.dirname(found[0])
+    manifest = open(os.path.join(src, "Cargo.toml"), encoding="utf-8").read()
+    licence_file = re.search(r'^license-file\s*=\s*"([^"]*)"', manifest, re.M)
+    shipped[(name, version)] = {"name": name, "version": version, "license": licence or None,
+                                "license_file": licence_file and licence_file[1], "src": src}
 
 lines, missing = [], []
-for pid in sorted(shipped, key=lambda i: (pkgs[i]["name"], pkgs[i]["version"])):
-    p = pkgs[pid]
-    src = os.path.dirname(p["manifest_path"])
+for key in sorted(shipped):
+    p = shipped[key]
+    src = p["src"]
     dest = os.path.join(out, "crates", f'{p["name"]}-{p["version"]}')
     files = sorted(f for f in os.listdir(src) if licence_name.match(f) and os.path.isfile(os.path.join(src, f)))
     if p.get("license_file"):

@@ -31,6 +31,10 @@ cargo test --locked
 # rendered and validated, and the cpu Deployment run with podman kube play on that image.
 rm -rf "$root/target/replicas-dist"
 bash scripts/package.sh --binary "$root/target/debug/onebit-tts" --out "$root/target/replicas-dist"
+# The same package where only scripts/quickstart.sh ran: a CARGO_HOME holding what a release
+# build fetched (no dev-dependencies), offline, must give it with the same licences (~30 s).
+bash scripts/package-check.sh --binary "$root/target/debug/onebit-tts" \
+  --compare "$(echo "$root"/target/replicas-dist/onebit-tts-*-linux-x86_64.tar.gz)"
 bash scripts/replicas-test.sh "$root"/target/replicas-dist/onebit-tts-*-linux-x86_64.tar.gz
 # The image build's choices per variant (bases, the Mesa check, the npu cache), offline (~1 s).
 bash scripts/image-check.sh
