@@ -245,11 +245,10 @@ impl GenaiConfig {
                 d.num_attention_heads, d.num_key_value_heads
             ));
         }
-        if d.num_attention_heads * d.head_size != d.hidden_size {
-            return Err(format!(
-                "decoder.num_attention_heads x head_size ({} x {}) must equal hidden_size ({})",
-                d.num_attention_heads, d.head_size, d.hidden_size
-            ));
+        // No rule ties heads x head_size to hidden_size: Qwen3 (NeuTTS-2E's family) sets its
+        // head_dim apart (16 heads of 128 over a hidden size of 1024), as onnxruntime-genai allows.
+        if d.head_size == 0 || d.hidden_size == 0 {
+            return Err("decoder.head_size and hidden_size must be positive".into());
         }
         for p in [
             &d.inputs.past_key_names,

@@ -101,6 +101,8 @@ pub struct GgufModel {
     pub metadata: BTreeMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
     pub file_len: u64,
+    /// Where the tensor data starts (tensor offsets count from here).
+    pub data_start: u64,
 }
 
 struct Reader<'a, R: Read> {
@@ -263,6 +265,7 @@ impl GgufModel {
             metadata,
             tensors,
             file_len,
+            data_start,
         };
         for t in &model.tensors {
             let Some((block_bytes, block_elems)) = block_layout(t.ggml_type) else {
@@ -311,6 +314,51 @@ impl GgufModel {
             .get(&full)
             .and_then(Value::as_u64)
             .ok_or_else(|| self.invalid(format!("no integer {full}")))
+    }
+
+    /// A number `{architecture}.{key}` (rms epsilon, rope base), float or integer as written.
+    pub fn arch_f64(&self, key: &str) -> Option<f64> {
+        let full = format!("{}.{key}", self.architecture().ok()?);
+        match self.metadata.get(&full)? {
+            Value::Float(f) => Some(*f),
+            Value::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+
+    /// A string `{architecture}.{key}`.
+    pub fn arch_str(&self, key: &str) -> Option<&str> {
+        let full = format!("{}.{key}", self.architecture().ok()?);
+        match self.metadata.get(&full)? {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The bytes of tensor `t`'s data (`len` of them, as its type and shape give), read from the
+    /// file.
+    pub fn tensor_bytes(&self, t: &TensorInfo, len: usize) -> Result<Vec<u8>, GgufError> {
+        use std::os::unix::fs::FileExt;
+        let io = |err| GgufError::Io {
+            path: self.path.clone(),
+            err,
+        };
+        let file = std::fs::File::open(&self.path).map_err(io)?;
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, self.data_start + t.offset)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    GgufError::TruncatedData {
+                        path: self.path.clone(),
+                        tensor: t.name.clone(),
+                        end: self.data_start + t.offset + len as u64,
+                        len: self.file_len,
+                    }
+                } else {
+                    io(e)
+                }
+            })?;
+        Ok(buf)
     }
 
     /// `tokenizer.ggml.tokens`: the text of every id.

@@ -5,7 +5,9 @@
 //! codec's rates (and with them the real-time line).
 
 pub mod build;
+pub mod convert;
 pub mod genai;
+pub mod ggml;
 pub mod gguf;
 pub mod hub;
 pub mod install;

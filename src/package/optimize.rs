@@ -31,7 +31,7 @@ use super::{ModelPackage, PackageError, SPEECH_CODES};
 
 /// Name of the node the last-position lever inserts; [`inspect`] recognises the lever by it.
 pub const LAST_POSITION_NODE: &str = "/lm_head/onebit_last_position/Gather";
-const LAST_POSITION_INDEX: &str = "onebit_last_position_index";
+pub(super) const LAST_POSITION_INDEX: &str = "onebit_last_position_index";
 const SPEECH_SUFFIX: &str = ".onebit_speech";
 /// Offsets in the new external data file are aligned to this (ORT can map aligned data).
 const EXTERNAL_ALIGN: u64 = 4096;
@@ -456,7 +456,7 @@ fn inline_bytes(t: &TensorProto) -> Result<std::borrow::Cow<'_, [u8]>, String> {
 }
 
 /// Where new tensor data goes: inline, or appended to one new external file.
-struct TensorWriter {
+pub(super) struct TensorWriter {
     dir: PathBuf,
     location: String,
     file: Option<File>,
@@ -464,7 +464,30 @@ struct TensorWriter {
 }
 
 impl TensorWriter {
-    fn store(&mut self, t: &mut TensorProto, data: Vec<u8>, external: bool) -> Result<(), String> {
+    /// Appends to `dir/location`, created at the first external tensor.
+    pub(super) fn new(dir: &Path, location: &str) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            location: location.to_owned(),
+            file: None,
+            len: 0,
+        }
+    }
+
+    /// Flushes the external file to disk; its length (0: nothing was external).
+    pub(super) fn finish(&mut self) -> std::io::Result<u64> {
+        if let Some(f) = self.file.take() {
+            f.sync_all()?;
+        }
+        Ok(self.len)
+    }
+
+    pub(super) fn store(
+        &mut self,
+        t: &mut TensorProto,
+        data: Vec<u8>,
+        external: bool,
+    ) -> Result<(), String> {
         t.raw_data.clear();
         t.float_data.clear();
         t.int32_data.clear();

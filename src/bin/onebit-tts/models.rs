@@ -9,7 +9,7 @@ use indicatif::ProgressBar;
 use onebit_tts::package::build::{self, BuildOptions, CodecSource, Precision};
 use onebit_tts::package::hub::{FetchProgress, Hub, HubConfig};
 use onebit_tts::package::pull::{self, Outcome, Placed, PullOptions, Target};
-use onebit_tts::package::{ModelPackage, optimize};
+use onebit_tts::package::{ModelPackage, convert, optimize};
 use onebit_tts::synth::resolve_dir;
 
 use crate::args::progress_bar;
@@ -104,6 +104,19 @@ pub enum ModelsCmd {
         /// Keep the head's full vocabulary.
         #[arg(long)]
         no_speech_head: bool,
+    },
+    /// Turn a GGUF package (the vendor's Q4/Q8 builds, what llama.cpp makes) into an ONNX package
+    /// for --engine ort, with no torch: Q4_0/Q8_0/float weights kept bit for bit, other types
+    /// requantised and reported, the speech-only last-position head of `models optimize`.
+    Convert {
+        /// The GGUF package directory (a *.gguf with its tokenizer, config and codec).
+        src: PathBuf,
+        /// A new (or empty) directory.
+        dst: PathBuf,
+        /// Requantise the head to 4 bits (fewer bytes read per step than the Q8_0 head
+        /// llama.cpp's quantizer writes by default; no longer the GGUF's exact weights).
+        #[arg(long)]
+        head_int4: bool,
     },
 }
 
@@ -373,6 +386,29 @@ pub fn run(cmd: ModelsCmd, quiet: bool) -> Result<()> {
             println!("{}", report.summary());
             let pkg = ModelPackage::load(&dst, None)?;
             check_head(&pkg)
+        }
+        ModelsCmd::Convert {
+            src,
+            dst,
+            head_int4,
+        } => {
+            let options = convert::ConvertOptions {
+                head: if head_int4 {
+                    convert::HeadBits::Int4
+                } else {
+                    convert::HeadBits::AsStored
+                },
+            };
+            let bar = progress_bar(quiet, 0, "{msg:10} [{bar:30}] {pos}/{len} {elapsed}");
+            bar.set_message("converting");
+            let report = convert::convert(&resolve_dir(&src), &dst, options, &mut |done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            });
+            bar.finish_and_clear();
+            // convert loaded the package back before it took its name.
+            println!("{}", report?.summary());
+            Ok(())
         }
     }
 }
