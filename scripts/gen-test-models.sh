@@ -16,6 +16,11 @@
 #   models/tiny-gguf      GGUF packages of models/tiny and models/tiny-random for --engine llama:
 #   models/tiny-random-gguf  tools/onnx_to_gguf.py with every weight float32 (the int4 blocks
 #                         dequantised exactly), beside the source's tokenizer, configs and codec
+#   models/tiny-emotion   models/tiny-random's weights read as a BPE model with emotions
+#                         (angry, happy, sad: config.json's neuphonic section and <|ANGRY|>-style
+#                         tokens in reserved places), NeuTTS-2E's input: emotion tests
+#   models/tiny-emotion-gguf  its float32 GGUF with the neuphonic metadata the vendor reads from
+#                         GGUFs (--neuphonic) and no config.json: the GGUF alone says BPE
 #   models/real-shape-q4-gguf  the real-shape backbone (Qwen2-0.5B / NeuTTS-air shape) with
 #                         the random variant's weights (no chain to follow: every greedy choice
 #                         comes from the whole network) as tools/onnx_to_gguf.py's Q4_0 GGUF, with
@@ -46,6 +51,16 @@ for src in tiny tiny-random; do
   cp -r "models/$src/codec" "$out.partial/codec"
   rm -rf "$out" && mv "$out.partial" "$out"
 done
+"$py" tools/gen_models.py --out models/tiny-emotion --variant random --input-format bpe \
+  --emotions angry,happy,sad
+out=models/tiny-emotion-gguf
+rm -rf "$out.partial" && mkdir -p "$out.partial"
+"$py" tools/onnx_to_gguf.py models/tiny-emotion --weights f32 --token-embd f32 --neuphonic \
+  --out "$out.partial/model-f32.gguf"
+cp models/tiny-emotion/tokenizer.json models/tiny-emotion/tokenizer_config.json \
+  models/tiny-emotion/onebit_weights.json "$out.partial/"
+cp -r models/tiny-emotion/codec "$out.partial/codec"
+rm -rf "$out" && mv "$out.partial" "$out"
 src=models/.real-shape-src
 out=models/real-shape-q4-gguf
 rm -rf "$src" "$out.partial" && mkdir -p "$out.partial"

@@ -89,7 +89,7 @@ pub fn build_shared(
                     ids.extend(joined);
                 }
                 Some(emotion) => {
-                    let token = format!("<|{}|>", emotion.to_uppercase());
+                    let token = crate::package::neuphonic::emotion_token(emotion);
                     let id = tok
                         .token_to_id(&token)
                         .ok_or(PromptError::UnknownEmotion(token))?;

@@ -700,6 +700,189 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
 }
 
 /// On a terminal every download shows a bar (file, bytes, rate, ETA) on stderr; `-q` shows none.
+/// A vendor model's GGUF build, its checkpoint's tokenizer and config, and the codec, as the fake
+/// hub serves them: `gguf_repo` holds `src`'s GGUF as `gguf_name`, `checkpoint` the files of
+/// `configs` (a package with config.json).
+fn family_repos(
+    gguf_repo: &'static str,
+    gguf_name: &str,
+    src: &Path,
+    checkpoint: &'static str,
+    configs: &Path,
+) -> Vec<(&'static str, HubRepo)> {
+    let gguf = std::fs::read_dir(src)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .unwrap_or_else(|| panic!("no GGUF in {}", src.display()));
+    vec![
+        (
+            gguf_repo,
+            HubRepo {
+                commit: "e".repeat(40),
+                files: vec![(gguf_name.into(), file(&gguf, true))],
+                gated: None,
+            },
+        ),
+        (
+            checkpoint,
+            HubRepo {
+                commit: "f".repeat(40),
+                files: ["config.json", "tokenizer.json", "tokenizer_config.json"]
+                    .iter()
+                    .map(|n| {
+                        (
+                            n.to_string(),
+                            file(&configs.join(n), *n == "tokenizer.json"),
+                        )
+                    })
+                    .collect(),
+                gated: None,
+            },
+        ),
+        (
+            "neuphonic/neucodec-onnx-decoder",
+            HubRepo {
+                commit: "c".repeat(40),
+                files: vec![(
+                    "model.onnx".into(),
+                    file(&src.join("codec/model.onnx"), true),
+                )],
+                gated: None,
+            },
+        ),
+    ]
+}
+
+/// `onebit-tts prompt --json`'s phonemes of a German sentence for the voice dave (English).
+fn prepared(model: &Path, extra: &[&str]) -> String {
+    let o = common::cli(
+        &[
+            &[
+                "prompt",
+                "--model",
+                model.to_str().unwrap(),
+                "-v",
+                "dave",
+                "--json",
+            ],
+            extra,
+            &["Guten Morgen, wie geht es Ihnen?"],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    v["prepared"].as_str().unwrap().to_owned()
+}
+
+/// The vendor's BACKBONE_LANGUAGE_MAP: a German Nano pulled by name records its language and
+/// phonemizes German with no `--lang` (an explicit one still wins); a package pulled before
+/// the record existed gets it on the next pull.
+#[test]
+fn a_german_nano_pulled_by_name_speaks_german() {
+    let g = gguf_package();
+    let hub = FakeHub::start(family_repos(
+        "neuphonic/neutts-nano-german-q4-gguf",
+        "neutts-nano-german-Q4_0.gguf",
+        &g,
+        "neuphonic/neutts-nano-german",
+        &g,
+    ));
+    let run = Run::new("pull-german", &hub);
+    let dir = run.dir_arg("neutts-nano-german-q4");
+    let o = run.pull(&["neutts-nano-german-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let pkg = run.dir("neutts-nano-german-q4");
+    let rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(pkg.join("onebit_language.json")).unwrap())
+            .unwrap();
+    assert_eq!(rec["language"], "de", "{rec}");
+    assert!(
+        common::stdout(&o).contains("language     de"),
+        "{}",
+        common::stdout(&o)
+    );
+
+    let german = prepared(&pkg, &[]);
+    assert_eq!(german, prepared(&pkg, &["--lang", "de"]));
+    assert_ne!(german, prepared(&pkg, &["--lang", "en-us"]));
+    // The voice's language where the package records none: the source package.
+    assert_eq!(prepared(&g, &[]), prepared(&pkg, &["--lang", "en-us"]));
+
+    let o = run.pull(&["neutts-nano-german-q4", "--dir", &dir], &[]);
+    assert!(
+        common::stdout(&o).contains("already up to date"),
+        "{}",
+        common::stdout(&o)
+    );
+    std::fs::remove_file(pkg.join("onebit_language.json")).unwrap();
+    let o = run.pull(&["neutts-nano-german-q4", "--dir", &dir], &[]);
+    assert!(
+        common::stdout(&o).contains(": updated"),
+        "{}",
+        common::stdout(&o)
+    );
+    assert_eq!(prepared(&pkg, &[]), german);
+}
+
+/// NeuTTS-2E by name: its GGUF says BPE and its emotions (the vendor's metadata), no language
+/// is recorded (the vendor loads no phonemizer for it), and its speakers speak with emotions.
+#[test]
+fn neutts_2e_pulled_by_name_takes_emotions() {
+    let g = common::repo().join("models/tiny-emotion-gguf");
+    assert!(
+        g.join("model-f32.gguf").exists(),
+        "{} is missing: run scripts/gen-test-models.sh",
+        g.display()
+    );
+    let hub = FakeHub::start(family_repos(
+        "neuphonic/neutts-2e-q4-gguf",
+        "neutts-2e-Q4_K_M.gguf",
+        &g,
+        "neuphonic/neutts-2e",
+        &common::model("tiny-emotion"),
+    ));
+    let run = Run::new("pull-2e", &hub);
+    let dir = run.dir_arg("neutts-2e-q4");
+    let o = run.pull(&["neutts-2e-q4", "--dir", &dir], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let out = common::stdout(&o);
+    assert!(out.contains("input format bpe"), "{out}");
+    assert!(out.contains("emotions     angry, happy, sad"), "{out}");
+    let pkg = run.dir("neutts-2e-q4");
+    assert!(!pkg.join("onebit_language.json").exists());
+
+    let wav = run.work.join("2e.wav");
+    let say = |emotion: &str| {
+        common::cli(&[
+            "say",
+            "-q",
+            "--model",
+            &dir,
+            "-v",
+            "sophie",
+            "--emotion",
+            emotion,
+            "--max-new-tokens",
+            "16",
+            "-o",
+            wav.to_str().unwrap(),
+            "Hello there.",
+        ])
+    };
+    let o = say("happy");
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(wav.exists());
+    let o = say("calm");
+    assert_eq!(
+        common::error_line(&o),
+        "error: the model neutts-2e-q4 has no emotion \"calm\"; its emotions: angry, happy, sad \
+         (\"neutral\" means none)"
+    );
+}
+
 #[test]
 fn a_pull_on_a_terminal_shows_its_downloads_and_quiet_hides_them() {
     let hub = FakeHub::start(vendor_repos());

@@ -12,6 +12,13 @@ MatMulNBits lm_head), with weights chosen so that greedy decoding is predictable
                                [--real-shape] [--codec real|tiny] [--voice-out FILE]
                                [--encoder-out FILE] [--kv-len N] [--kv-dtype float32|float16]
                                [--last-logits] [--mask-dtype int64|int32]
+                               [--input-format phonemes|bpe] [--emotions NAME,...]
+
+--input-format bpe writes config.json's neuphonic.input_format "BPE" (NeuTTS-2E's text input);
+--emotions names the emotions the model declares (config.json's neuphonic.supported_emotions)
+and gives each its token, <|HAPPY|> for happy, in place of the first reserved tokens: every id,
+and so every weight, stays what it is without them (the vendor's NeuTTS-2E puts the emotion's
+token between the reference transcript and the text).
 
 Static packages (--kv-len N), shaped like AMD's NPU packages: past_key_values.* and present.*
 are declared [1, kv_heads, N, head_size] with numbers, batch 1, and genai_config.json asks for
@@ -97,6 +104,8 @@ NEUTTS_NAMED = [
     "<|SPEECH_UNDERSTANDING_END|>",
 ]
 N_RESERVED = 15
+# Emotion names whose tokens take the first reserved places (--emotions).
+EMOTIONS = []
 
 # Chain / content frequencies (integers; angle = 2*pi*f*k/65536, computed exactly mod 65536).
 # Chosen once by a seeded search that minimised the largest side lobe of sum_j cos(2*pi*f_j*d/65536)
@@ -259,7 +268,10 @@ def synthetic_fill(vocab, merges, target):
 
 def special_tokens():
     names = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + NEUTTS_NAMED
-    names += ["<|NEUTTS_RESERVED_%d|>" % k for k in range(N_RESERVED)]
+    if len(EMOTIONS) > N_RESERVED:
+        raise SystemExit("at most %d emotions" % N_RESERVED)
+    names += ["<|%s|>" % e.upper() for e in EMOTIONS]
+    names += ["<|NEUTTS_RESERVED_%d|>" % k for k in range(len(EMOTIONS), N_RESERVED)]
     names.append("<|SPEECH_GENERATION_END|>")
     return names
 
@@ -1207,7 +1219,10 @@ def genai_config(shape, ids, share_buffer=False):
     }
 
 
-def hf_config(shape, ids):
+def hf_config(shape, ids, input_format="phonemes"):
+    neuphonic = {"input_format": input_format}
+    if EMOTIONS:
+        neuphonic["supported_emotions"] = list(EMOTIONS)
     return {
         "architectures": ["Qwen2ForCausalLM"],
         "attention_dropout": 0.0,
@@ -1218,7 +1233,7 @@ def hf_config(shape, ids):
         "intermediate_size": shape["intermediate"],
         "max_position_embeddings": shape["context"],
         "model_type": "qwen2",
-        "neuphonic": {"input_format": "phonemes"},
+        "neuphonic": neuphonic,
         "num_attention_heads": shape["heads"],
         "num_hidden_layers": shape["layers"],
         "num_key_value_heads": shape["kv_heads"],
@@ -1261,7 +1276,7 @@ def write_json(path, obj, indent=4):
 
 
 def generate(out, variant="chain", real_shape=False, encoder=None, codec=None, kv_len=None,
-             kv_dtype="float32", last_logits=False, mask_dtype="int64"):
+             kv_dtype="float32", last_logits=False, mask_dtype="int64", input_format="phonemes"):
     """codec: "real" (the NeuCodec-shaped decoder, ~765 MB) or "tiny" (a few-KB stand-in); by
     default real with real_shape, tiny otherwise. kv_len, kv_dtype, last_logits, mask_dtype: see
     the module's docstring (static packages)."""
@@ -1284,7 +1299,7 @@ def generate(out, variant="chain", real_shape=False, encoder=None, codec=None, k
     # search.max_length stays the context: as in onnxruntime-genai, the graph's fixed length is
     # what bounds a static package.
     write_json(os.path.join(out, "genai_config.json"), genai_config(shape, ids, share_buffer=bool(kv_len)))
-    write_json(os.path.join(out, "config.json"), hf_config(shape, ids), indent=2)
+    write_json(os.path.join(out, "config.json"), hf_config(shape, ids, input_format), indent=2)
 
     W = build_weights(shape, variant, ids)
     data = os.path.join(out, "model.onnx.data")
@@ -1324,6 +1339,9 @@ def generate(out, variant="chain", real_shape=False, encoder=None, codec=None, k
         "last_logits": last_logits,
         "mask_dtype": mask_dtype,
     }
+    if input_format != "phonemes" or EMOTIONS:
+        expect["input_format"] = input_format
+        expect["emotion_ids"] = {e: ids["base"] + 3 + len(NEUTTS_NAMED) + i for i, e in enumerate(EMOTIONS)}
     if variant in ("chain", "textbias"):
         expect["end_after_code"] = W["end_after_code"]
         expect["rule"] = ("after speech_c the greedy next is speech_(c+1 mod 65536); after "
@@ -1392,8 +1410,15 @@ def main(argv=None):
                     help="MatMulNBits block_size of the int4 weights (default %d, onnxruntime-genai's "
                          "builder's block_size default); it must divide every weight's input width"
                          % BLOCK)
+    ap.add_argument("--input-format", choices=["phonemes", "bpe"], default="phonemes",
+                    help="config.json's neuphonic.input_format (bpe: NeuTTS-2E's text input, "
+                         "written \"BPE\" as the vendor writes it)")
+    ap.add_argument("--emotions",
+                    help="comma-separated emotions the model declares (neuphonic.supported_emotions), "
+                         "each with its <|NAME|> token in place of a reserved token")
     a = ap.parse_args(argv)
     ACCURACY_LEVEL = a.accuracy_level
+    EMOTIONS[:] = [e for e in (a.emotions or "").split(",") if e]
     BLOCK = a.block_size
     if a.kv_len is not None and a.kv_len < 2:
         ap.error("--kv-len must be at least 2")
@@ -1415,7 +1440,7 @@ def main(argv=None):
                 ap.error("--block-size %d does not divide the %s shape's %s (%d); its int4 blocks "
                          "are not padded" % (BLOCK, "real" if a.real_shape else "tiny", name, k))
         e = generate(a.out, a.variant, a.real_shape, encoder_in_package, a.codec, a.kv_len, a.kv_dtype,
-                     a.last_logits, a.mask_dtype)
+                     a.last_logits, a.mask_dtype, "BPE" if a.input_format == "bpe" else "phonemes")
         print("wrote %s: variant %s, codec %s, vocab_size %d, speech ids %d..%d, END %d%s" % (
             a.out, a.variant, e["codec"], e["vocab_size"], e["speech_first_id"], e["speech_first_id"] + N_SPEECH - 1,
             e["speech_end_id"], ", end_after_code %d" % e["end_after_code"] if "end_after_code" in e else ""))

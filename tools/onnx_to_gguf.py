@@ -2,6 +2,7 @@
 """Convert an onnxruntime-genai Qwen2 int4 package to a Q4_0 GGUF for llama.cpp.
 
     python tools/onnx_to_gguf.py PACKAGE_DIR [--out FILE] [--token-embd q4_0|q8_0|f16|f32] [--weights q4_0|f32]
+                                 [--neuphonic]
 
 Reads the package as onnxruntime-genai's model builder writes it for int4 CPU (and as
 tools/gen_models.py generates it): model.onnx (+ external data), config.json (HF),
@@ -20,6 +21,9 @@ PACKAGE_DIR-q4_0.gguf, beside the package so the package's own size is unchanged
 - tokenizer metadata: gpt2 BPE tokens, merges and token types from tokenizer.json (added special
   tokens are CONTROL, rows past the tokenizer's last id are [PADn] UNUSED, as
   convert_hf_to_gguf.py writes them), pre-tokenizer qwen2, bos/eos/pad from the configs.
+- with --neuphonic, config.json's neuphonic section as the metadata the vendor's neutts reads
+  from its GGUFs: neuphonic.input_format (a string) and neuphonic.supported_emotions (an array
+  of strings), so a package of the GGUF alone says what NeuTTS-2E's GGUF builds say.
 
 This is what `llama-quantize --pure Q4_0` would make of the same weights (without --pure,
 llama-quantize would write output.weight as Q6_K): all 2-D weights Q4_0.
@@ -236,7 +240,7 @@ def special_ids(pkg, ids):
     return bos, eos, pad, bool(tcfg.get("add_bos_token", False))
 
 
-def convert(pkg, out, embd="q4_0", log=print, weights="q4_0"):
+def convert(pkg, out, embd="q4_0", log=print, weights="q4_0", neuphonic=False):
     pkg = os.path.abspath(pkg)
     genai = load_json(os.path.join(pkg, "genai_config.json"))["model"]
     cfg = load_json(os.path.join(pkg, "config.json"))
@@ -352,6 +356,12 @@ def convert(pkg, out, embd="q4_0", log=print, weights="q4_0"):
     if pad is not None:
         w.add_pad_token_id(int(pad))
     w.add_add_bos_token(add_bos)
+    if neuphonic:
+        section = cfg.get("neuphonic") or {}
+        if "input_format" in section:
+            w.add_string("neuphonic.input_format", section["input_format"])
+        if "supported_emotions" in section:
+            w.add_array("neuphonic.supported_emotions", [str(e) for e in section["supported_emotions"]])
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -378,6 +388,9 @@ def main(argv=None):
                     help="type of the other 2-D weights: q4_0 (default, the int4 blocks as they are) or f32 "
                          "(dequantised exactly; with --token-embd f32 a GGUF whose logits follow the ONNX "
                          "package's up to float rounding, for parity tests)")
+    ap.add_argument("--neuphonic", action="store_true",
+                    help="write config.json's neuphonic section as GGUF metadata (neuphonic.input_format, "
+                         "neuphonic.supported_emotions), as the vendor's neutts reads it")
     a = ap.parse_args(argv)
     base = os.path.abspath(a.package).rstrip("/")
     if a.weights == "f32":
@@ -386,7 +399,7 @@ def main(argv=None):
         default = base + ("-q4_0.gguf" if a.token_embd == "q4_0" else "-q4_0-embd-%s.gguf" % a.token_embd)
     out = a.out or default
     try:
-        convert(a.package, out, a.token_embd, weights=a.weights)
+        convert(a.package, out, a.token_embd, weights=a.weights, neuphonic=a.neuphonic)
     except (ConvertError, FileNotFoundError, KeyError) as e:
         print("error: %s" % e, file=sys.stderr)
         return 1

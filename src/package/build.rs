@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use serde::Serialize;
 
 pub use super::install::Placed;
+use super::neuphonic::{LANGUAGE_FILE, LanguageRecord};
 use super::optimize::{self, Levers, OptimizeError};
 use super::{ModelPackage, PackageError};
 use super::{install, pull};
@@ -342,6 +343,14 @@ fn build_in(
         builder: format!("onnxruntime-genai {version}"),
         optimized: not_optimized.is_none(),
     };
+    // A checkpoint pulled by name has the language the vendor's map gives its repository.
+    let repo = opts
+        .source
+        .as_deref()
+        .map(|s| s.split('@').next().unwrap_or(s));
+    if let Some(rec) = repo.and_then(LanguageRecord::of_repo) {
+        rec.write(&ready).map_err(io(&ready.join(LANGUAGE_FILE)))?;
+    }
     // The one check of the package as it will be installed.
     let summary = ModelPackage::load(&ready, None)?.summary();
     let path = ready.join(MANIFEST);

@@ -12,6 +12,7 @@ pub mod gguf;
 pub mod hub;
 pub mod install;
 pub mod logits;
+pub mod neuphonic;
 pub mod optimize;
 pub mod pull;
 pub mod vocab;
@@ -220,6 +221,12 @@ pub struct ModelPackage {
     /// Stop ids: `<|SPEECH_GENERATION_END|>` first, then the config's eos ids.
     pub stop_ids: Vec<u32>,
     pub input_format: InputFormat,
+    /// The emotions the model declares (config.json's or the GGUF's
+    /// `neuphonic.supported_emotions`); `None`: it declares none.
+    pub emotions: Option<Vec<String>>,
+    /// The language the model was trained to read, as an espeak-ng code
+    /// ([`neuphonic::LANGUAGE_FILE`]); `None`: the package does not say.
+    pub language: Option<String>,
     pub codec: CodecPackage,
     /// What `models optimize` changed about the logits (the default when the package has no
     /// onebit_logits.json).
@@ -232,17 +239,11 @@ pub struct ModelPackage {
 #[derive(Debug, Default, Deserialize)]
 struct HfConfig {
     #[serde(default)]
-    neuphonic: Option<NeuphonicSection>,
+    neuphonic: Option<neuphonic::NeuphonicSection>,
     /// Read leniently: only a GGUF package uses it, and an ONNX package's config.json must load
     /// as it always did whatever this holds.
     #[serde(default)]
     eos_token_id: serde_json::Value,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct NeuphonicSection {
-    #[serde(default)]
-    input_format: Option<String>,
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(
@@ -397,15 +398,15 @@ impl ModelPackage {
         } else {
             HfConfig::default()
         };
-        let input_format = {
-            match hf.neuphonic.as_ref().and_then(|n| n.input_format.clone()) {
-                Some(f) => f.parse().map_err(|e: String| PackageError::Invalid {
-                    path: hf_path.clone(),
-                    msg: format!("neuphonic.input_format: {e}"),
-                })?,
-                None => InputFormat::Phonemes,
-            }
-        };
+        let neuphonic::Facts {
+            input_format,
+            emotions,
+        } = neuphonic::facts(
+            hf.neuphonic.as_ref(),
+            &hf_path,
+            gguf_model.as_ref().map(|m| (&m.metadata, m.path.as_path())),
+        )?;
+        let language = neuphonic::LanguageRecord::read(dir)?.map(|r| r.language);
 
         let mut stop_ids = vec![vocab.end];
         // A GGUF names one eos id; the checkpoint's config.json may name more (onnxruntime-genai's
@@ -472,6 +473,8 @@ impl ModelPackage {
             vocab,
             stop_ids,
             input_format,
+            emotions,
+            language,
             codec,
             logits,
             random_weights,
@@ -517,6 +520,8 @@ impl ModelPackage {
              speech ids   {}..{} ({} codes), end {}\n\
              stop ids     {:?}\n\
              input format {}\n\
+             emotions     {}\n\
+             language     {}\n\
              providers    {}\n\
              codec        {} ({} Hz, hop {})",
             self.dir.display(),
@@ -543,6 +548,14 @@ impl ModelPackage {
             self.vocab.end,
             self.stop_ids,
             self.input_format,
+            match self.listed_emotions() {
+                Some(e) if e.is_empty() => "none".to_owned(),
+                Some(e) => e.join(", "),
+                None => "any its tokenizer has a token for (none declared)".to_owned(),
+            },
+            self.language
+                .as_deref()
+                .unwrap_or("not recorded (the voice's)"),
             if self.format == BackboneFormat::Gguf {
                 "llama.cpp (a GGUF backbone: --engine llama)".to_owned()
             } else if providers.is_empty() {

@@ -15,11 +15,15 @@ use super::ModelPackage;
 use super::hub::{FetchProgress, Fetched, Hub, HubError, RepoFile, Snapshot};
 pub use super::install::Placed;
 use super::install::{InstallError, check_replaceable, install, work_dir, write_json};
+use super::neuphonic::{LANGUAGE_FILE, LanguageRecord};
 
 /// The vendor's NeuCodec decoder in ONNX (`codes` int32 [B,1,F] -> float32 [B,1,F*480]).
 pub const CODEC_REPO: &str = "neuphonic/neucodec-onnx-decoder";
 
-/// Short names for the vendor's and AMD's repositories: (name, repository, what it is).
+/// Short names for the vendor's and AMD's repositories: (name, repository, what it is). The
+/// vendor's ids are those its neutts 1.4.1 wheel (PyPI) lists: the README's model table
+/// (`neuphonic/neutts-nano-{german,french,spanish}` with `-{q4,q8}-gguf`, `neuphonic/neutts-2e`
+/// with `neuphonic/neutts-2e-{q4,q8}-gguf`) and neutts/neutts.py's `BACKBONE_LANGUAGE_MAP`.
 pub const KNOWN: &[(&str, &str, &str)] = &[
     (
         "neutts-air-q4",
@@ -55,6 +59,67 @@ pub const KNOWN: &[(&str, &str, &str)] = &[
         "neutts-nano",
         "neuphonic/neutts-nano",
         "NeuTTS-nano's checkpoint, for `models build`",
+    ),
+    (
+        "neutts-nano-german-q4",
+        "neuphonic/neutts-nano-german-q4-gguf",
+        "NeuTTS-nano German, Q4 GGUF build, ready for --engine llama (speaks German)",
+    ),
+    (
+        "neutts-nano-german-q8",
+        "neuphonic/neutts-nano-german-q8-gguf",
+        "NeuTTS-nano German, Q8 GGUF build, ready for --engine llama",
+    ),
+    (
+        "neutts-nano-german",
+        "neuphonic/neutts-nano-german",
+        "NeuTTS-nano German's checkpoint, for `models build`",
+    ),
+    (
+        "neutts-nano-french-q4",
+        "neuphonic/neutts-nano-french-q4-gguf",
+        "NeuTTS-nano French, Q4 GGUF build, ready for --engine llama (speaks French)",
+    ),
+    (
+        "neutts-nano-french-q8",
+        "neuphonic/neutts-nano-french-q8-gguf",
+        "NeuTTS-nano French, Q8 GGUF build, ready for --engine llama",
+    ),
+    (
+        "neutts-nano-french",
+        "neuphonic/neutts-nano-french",
+        "NeuTTS-nano French's checkpoint, for `models build`",
+    ),
+    (
+        "neutts-nano-spanish-q4",
+        "neuphonic/neutts-nano-spanish-q4-gguf",
+        "NeuTTS-nano Spanish, Q4 GGUF build, ready for --engine llama (speaks Spanish)",
+    ),
+    (
+        "neutts-nano-spanish-q8",
+        "neuphonic/neutts-nano-spanish-q8-gguf",
+        "NeuTTS-nano Spanish, Q8 GGUF build, ready for --engine llama",
+    ),
+    (
+        "neutts-nano-spanish",
+        "neuphonic/neutts-nano-spanish",
+        "NeuTTS-nano Spanish's checkpoint, for `models build`",
+    ),
+    (
+        "neutts-2e-q4",
+        "neuphonic/neutts-2e-q4-gguf",
+        "NeuTTS-2E (English, emotions; speakers emily, paul, sophie, steven), Q4 GGUF build, \
+         ready for --engine llama",
+    ),
+    (
+        "neutts-2e-q8",
+        "neuphonic/neutts-2e-q8-gguf",
+        "NeuTTS-2E, Q8 GGUF build, ready for --engine llama",
+    ),
+    (
+        "neutts-2e",
+        "neuphonic/neutts-2e",
+        "NeuTTS-2E's checkpoint, for `models build`",
     ),
 ];
 
@@ -494,8 +559,20 @@ pub fn pull(
                 name: target.name.clone(),
                 files: files.iter().map(|(_, m)| m.clone()).collect(),
             };
-            let (summary, placed) =
-                place(&dir, &files, &manifest, codec_json.as_deref(), opts.force)?;
+            // The vendor phonemizes in the language its map gives the backbone's repository
+            // (a repository's own record, if it ships one, is a file like the others).
+            let language = LanguageRecord::of_repo(&snap.repo)
+                .filter(|_| !files.iter().any(|(_, m)| m.to == LANGUAGE_FILE));
+            let (summary, placed) = place(
+                &dir,
+                &Assembly {
+                    files: &files,
+                    manifest: &manifest,
+                    codec_json: codec_json.as_deref(),
+                    language: language.as_ref(),
+                },
+                opts.force,
+            )?;
             Outcome::Package {
                 dir,
                 summary,
@@ -528,20 +605,36 @@ fn checkpoint_of(repo: &str) -> Option<String> {
     Some(base.to_owned())
 }
 
+/// What a package is assembled from.
+struct Assembly<'a> {
+    files: &'a [(Fetched, ManifestFile)],
+    manifest: &'a Manifest,
+    /// The codec decoder's file name, when codec/codec.json must name it.
+    codec_json: Option<&'a str>,
+    language: Option<&'a LanguageRecord>,
+}
+
 /// Assembles the package beside `dir`, checks it, and renames it into place.
-fn place(
-    dir: &Path,
-    files: &[(Fetched, ManifestFile)],
-    manifest: &Manifest,
-    codec_json: Option<&str>,
-    force: bool,
-) -> Result<(String, Placed), PullError> {
-    if read_manifest(dir).as_ref() == Some(manifest) && same_files(dir, manifest) {
+fn place(dir: &Path, a: &Assembly<'_>, force: bool) -> Result<(String, Placed), PullError> {
+    // A package pulled before the language was recorded is brought up to date (a repository's
+    // own record is one of its files, which the manifest covers).
+    let same_language = || {
+        a.language.is_none_or(|want| {
+            LanguageRecord::read(dir)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.language == want.language)
+        })
+    };
+    if read_manifest(dir).as_ref() == Some(a.manifest)
+        && same_files(dir, a.manifest)
+        && same_language()
+    {
         return Ok((ModelPackage::load(dir, None)?.summary(), Placed::UpToDate));
     }
     check_replaceable(dir, force)?;
     let work = work_dir(dir, "pull")?;
-    let result = build_dir(&work, files, manifest, codec_json).and_then(|()| {
+    let result = build_dir(&work, a).and_then(|()| {
         let summary = ModelPackage::load(&work, None)?
             .summary()
             .replace(&work.display().to_string(), &dir.display().to_string());
@@ -552,28 +645,28 @@ fn place(
     result
 }
 
-fn build_dir(
-    tmp: &Path,
-    files: &[(Fetched, ManifestFile)],
-    manifest: &Manifest,
-    codec_json: Option<&str>,
-) -> Result<(), PullError> {
-    for (got, m) in files {
+fn build_dir(tmp: &Path, a: &Assembly<'_>) -> Result<(), PullError> {
+    for (got, m) in a.files {
         let to = tmp.join(&m.to);
         if let Some(p) = to.parent() {
             std::fs::create_dir_all(p).map_err(io(p))?;
         }
         crate::paths::link_or_copy(&got.path, &to).map_err(io(&to))?;
     }
-    if let Some(decoder) = codec_json.filter(|d| *d != "model.onnx") {
+    if let Some(decoder) = a.codec_json.filter(|d| *d != "model.onnx") {
         let json = serde_json::json!({ "sample_rate": super::CODEC_SAMPLE_RATE, "hop_length": super::CODEC_HOP, "decoder": decoder });
         let path = tmp.join("codec/codec.json");
         let _ = std::fs::remove_file(&path);
         write_json(&path, &json).map_err(io(&path))?;
     }
+    if let Some(rec) = a.language {
+        let path = tmp.join(LANGUAGE_FILE);
+        let _ = std::fs::remove_file(&path);
+        rec.write(tmp).map_err(io(&path))?;
+    }
     let path = tmp.join(MANIFEST);
     let _ = std::fs::remove_file(&path);
-    write_json(&path, manifest).map_err(io(&path))
+    write_json(&path, a.manifest).map_err(io(&path))
 }
 
 fn read_manifest(dir: &Path) -> Option<Manifest> {
@@ -611,6 +704,42 @@ mod tests {
             checkpoint_of(&t.repo),
             Some(Target::parse("neutts-nano").unwrap().repo)
         );
+        // The vendor's other families: each GGUF build's tokenizer from its own checkpoint.
+        for (name, repo, checkpoint) in [
+            (
+                "neutts-nano-german-q4",
+                "neuphonic/neutts-nano-german-q4-gguf",
+                "neutts-nano-german",
+            ),
+            (
+                "neutts-nano-french-q8",
+                "neuphonic/neutts-nano-french-q8-gguf",
+                "neutts-nano-french",
+            ),
+            (
+                "neutts-nano-spanish-q4",
+                "neuphonic/neutts-nano-spanish-q4-gguf",
+                "neutts-nano-spanish",
+            ),
+            ("neutts-2e-q4", "neuphonic/neutts-2e-q4-gguf", "neutts-2e"),
+            ("neutts-2e-q8", "neuphonic/neutts-2e-q8-gguf", "neutts-2e"),
+        ] {
+            let t = Target::parse(name).unwrap();
+            assert_eq!(t.repo, repo);
+            assert_eq!(
+                checkpoint_of(&t.repo),
+                Some(Target::parse(checkpoint).unwrap().repo)
+            );
+        }
+        // Every vendor phoneme model pulled by name has the language the vendor's map gives.
+        for (name, repo, _) in KNOWN {
+            if repo.starts_with("neuphonic/") && !name.contains("2e") {
+                assert!(
+                    super::super::neuphonic::language_of_repo(repo).is_some(),
+                    "{name}"
+                );
+            }
+        }
         let t = Target::parse("neuphonic/neutts-nano-q8-gguf").unwrap();
         assert_eq!(
             (t.name.as_str(), t.repo.as_str()),

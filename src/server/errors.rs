@@ -410,6 +410,7 @@ impl From<SynthError> for ApiError {
                 ApiError::new(StatusCode::BAD_REQUEST, "invalid_value", msg)
             }
             SynthError::Prompt(_) => ApiError::field("input", "invalid_input", msg),
+            SynthError::Emotion(_) => ApiError::invalid_value("emotion", msg),
             SynthError::Engine(_) | SynthError::Codec(_) => ApiError::unavailable(msg),
             SynthError::Markup(_) => ApiError::field("input", "invalid_markup", msg),
             SynthError::Lexicon(_) => ApiError::field("lexicon", "invalid_lexicon", msg),

@@ -173,13 +173,23 @@ async fn voices(State(st): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
-/// OpenAI's model object.
-fn model_object(id: &str) -> serde_json::Value {
-    serde_json::json!({"id": id, "object": "model", "owned_by": "onebit-tts", "created": 0})
+/// OpenAI's model object, with what a request may ask of the loaded model (every id names it):
+/// its emotions (`null`: a BPE model that declares none takes any its tokenizer has a token
+/// for), the language it reads when a request names none (`null`: the voice's), its input
+/// format.
+fn model_object(id: &str, pkg: &crate::package::ModelPackage) -> serde_json::Value {
+    serde_json::json!({"id": id, "object": "model", "owned_by": "onebit-tts", "created": 0,
+        "emotions": pkg.listed_emotions(), "language": pkg.language,
+        "input_format": pkg.input_format.to_string()})
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Response {
-    let data: Vec<_> = st.model_ids().iter().map(|id| model_object(id)).collect();
+    let pkg = st.synth.package();
+    let data: Vec<_> = st
+        .model_ids()
+        .iter()
+        .map(|id| model_object(id, pkg))
+        .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
 
@@ -189,7 +199,7 @@ async fn model(
 ) -> Response {
     let known = st.model_ids();
     if known.contains(&id) {
-        axum::Json(model_object(&id)).into_response()
+        axum::Json(model_object(&id, st.synth.package())).into_response()
     } else {
         ApiError::model_not_found(&id, &known, None).into_response()
     }

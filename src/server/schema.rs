@@ -53,6 +53,9 @@ pub(super) struct SpeechBody {
     seed: Option<u64>,
     #[serde(default)]
     language: Option<String>,
+    /// One of the model's emotions (`GET /v1/models` lists them); "neutral" or absent: none.
+    #[serde(default)]
+    emotion: Option<String>,
     #[serde(default)]
     sample_rate: Option<u32>,
     /// Most codes to generate (50 per second of audio); the model's context bounds it too.
@@ -221,6 +224,11 @@ pub(super) fn parse_body(
         .as_deref()
         .map(str::parse::<Language>)
         .transpose()?;
+    let emotion = st
+        .synth
+        .package()
+        .emotion(body.emotion.as_deref())
+        .map_err(SynthError::from)?;
     let defaults = SamplingParams::default();
     let sampling = SamplingParams {
         temperature: body.temperature.unwrap_or(defaults.temperature),
@@ -268,7 +276,7 @@ pub(super) fn parse_body(
         voice,
         language,
         input_format: None,
-        emotion: None,
+        emotion,
         generation: GenerationParams {
             sampling,
             max_new_tokens: body.max_new_tokens,

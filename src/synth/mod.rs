@@ -56,6 +56,9 @@ pub enum SynthError {
     Voice(#[from] VoiceError),
     #[error(transparent)]
     Prompt(#[from] PromptError),
+    /// The request's emotion is not one the model has ([`ModelPackage::emotion`]).
+    #[error(transparent)]
+    Emotion(#[from] crate::package::neuphonic::EmotionError),
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
@@ -105,10 +108,12 @@ pub enum SynthError {
 pub struct SpeechRequest {
     pub text: String,
     pub voice: String,
-    /// Defaults to the voice's language.
+    /// Defaults to the model's language (the package's record of it), else the voice's.
     pub language: Option<Language>,
     /// Defaults to the package's input format.
     pub input_format: Option<InputFormat>,
+    /// An emotion the model has, as [`ModelPackage::emotion`] let it through (never
+    /// "neutral": that is `None`).
     pub emotion: Option<String>,
     pub generation: GenerationParams,
     /// Format, rate, speed, and whether audio streams while codes are generated.

@@ -42,6 +42,14 @@ impl FrontEnd {
     /// Loads the package, voices and lexicon a config names.
     pub fn load(cfg: &SynthConfig) -> Result<Self, crate::Error> {
         let pkg = ModelPackage::load(&cfg.package_dir, cfg.codec_dir.as_deref())?;
+        // A language the front end cannot speak stops the load, not every request.
+        if let Some(l) = &pkg.language {
+            l.parse::<Language>()
+                .map_err(|e| crate::package::PackageError::Invalid {
+                    path: pkg.dir.join(crate::package::neuphonic::LANGUAGE_FILE),
+                    msg: e.to_string(),
+                })?;
+        }
         // Said once per package, where every command that speaks loads one (say, serve, bench).
         if let Some(note) = pkg.random_weights_notice() {
             tracing::warn!("{note}");
@@ -114,6 +122,18 @@ impl FrontEnd {
             .get_or_init(|| Phonemizer::discover().map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| TextError::Unavailable(e.clone()))
+    }
+
+    /// The language a request's text (and the voice's transcript, which shares its prompt) is
+    /// read in: the request's, else the model's, else the voice's. The vendor phonemizes in the
+    /// model's language whatever the reference voice speaks (`_load_phonemizer`); a package that
+    /// does not record one (a generated test package, a custom model) keeps the voice's.
+    fn language(&self, requested: Option<Language>, voice: &Voice) -> Result<Language, TextError> {
+        match (requested, &self.pkg.language) {
+            (Some(l), _) => Ok(l),
+            (None, Some(model)) => model.parse(),
+            (None, None) => voice.language.parse(),
+        }
     }
 
     /// Text in the model's input format for one piece of text.
@@ -321,7 +341,7 @@ impl FrontEnd {
     /// Prompt tokens a voice costs before any text: its prompt with nothing to speak, built exactly
     /// as a request's is (its transcript prepared for the model, its codes, the prompt frame).
     pub fn reference_tokens(&self, voice: &Voice) -> Result<usize, SynthError> {
-        let lang: Language = voice.language.parse()?;
+        let lang = self.language(None, voice)?;
         let format = self.pkg.input_format;
         let ref_text = self.prepare_text(&voice.transcript, format, lang)?;
         let ids = prompt::build(
@@ -364,10 +384,7 @@ impl FrontEnd {
             return Err(SynthError::EmptyInput);
         }
         let owned = self.voices().get(&req.voice)?.clone();
-        let lang = match req.language {
-            Some(l) => l,
-            None => owned.language.parse()?,
-        };
+        let lang = self.language(req.language, &owned)?;
         let format = req.input_format.unwrap_or(self.pkg.input_format);
         let ReadText {
             runs,

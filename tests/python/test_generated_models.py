@@ -213,6 +213,29 @@ def main():
                   and exp["speech_first_id"] + 65536 == exp["num_tokens"])
     run_case("configs", configs)
 
+    # ---- a BPE model with emotions: the same ids and weights, emotion tokens in reserved places
+    def emotions():
+        out = os.path.join(work, "emotion")
+        generate(out, "random", None, ["--input-format", "bpe", "--emotions", "angry,happy,sad"])
+        check("emotions: model.onnx byte-identical to random's",
+              filecmp.cmp(os.path.join(out, "model.onnx"), os.path.join(pk["random"], "model.onnx"),
+                          shallow=False))
+        hf = load_json(os.path.join(out, "config.json"))
+        check("emotions: config.json neuphonic section",
+              hf["neuphonic"] == {"input_format": "BPE", "supported_emotions": ["angry", "happy", "sad"]},
+              json.dumps(hf["neuphonic"]))
+        exp = load_json(os.path.join(out, "expect.json"))
+        added = {t["id"]: t["content"] for t in load_json(os.path.join(out, "tokenizer.json"))["added_tokens"]}
+        plain = {t["id"]: t["content"]
+                 for t in load_json(os.path.join(pk["random"], "tokenizer.json"))["added_tokens"]}
+        want = {i: "<|%s|>" % e.upper() for e, i in exp["emotion_ids"].items()}
+        check("emotions: <|ANGRY|>, <|HAPPY|>, <|SAD|> take the first reserved ids, nothing else moves",
+              sorted(want) == sorted(i for i in plain if plain[i].startswith("<|NEUTTS_RESERVED_"))[:3]
+              and all(added[i] == want.get(i, plain[i]) for i in plain) and len(added) == len(plain),
+              json.dumps(exp["emotion_ids"]))
+        shutil.rmtree(out)
+    run_case("emotions", emotions)
+
     # ---- tokenizer
     def tokenizer():
         exp = load_json(os.path.join(pk["chain"], "expect.json"))

@@ -13,6 +13,7 @@ use onebit_tts::audio::{AudioFormat, OutputSpec};
 use onebit_tts::engine::{
     DeviceChoice, GenerationParams, KvMode, OgaOptions, OrtOptions, SamplingParams, ThreadPolicy,
 };
+use onebit_tts::package::ModelPackage;
 use onebit_tts::prompt::InputFormat;
 use onebit_tts::synth::{EngineKind, SpeechRequest, SynthConfig, resolve_dir};
 use onebit_tts::text::Language;
@@ -205,13 +206,18 @@ pub struct GenArgs {
     pub min_new_tokens: usize,
     #[arg(long)]
     pub max_new_tokens: Option<usize>,
-    /// Language of the text (en-us, de, fr-fr, es); default: the voice's. `--language` is
-    /// accepted too (one name across the commands, the other as an alias).
+    /// Language of the text (en-us, de, fr-fr, es); default: the model's (a pulled German,
+    /// French or Spanish Nano records its own), else the voice's. `--language` is accepted too
+    /// (one name across the commands, the other as an alias).
     #[arg(long, visible_alias = "language")]
     pub lang: Option<String>,
     /// Prompt format override (phonemes, bpe); default: the model's.
     #[arg(long)]
     pub input_format: Option<String>,
+    /// One of the model's emotions (NeuTTS-2E: angry, disgusted, fearful, happy, neutral, sad,
+    /// surprised; `models check` lists a package's); "neutral" is none.
+    #[arg(long)]
+    pub emotion: Option<String>,
     /// Read the text as written: no written-to-spoken normalisation ("$5" stays "$5" for
     /// espeak-ng, which reads it "dollar five").
     #[arg(long)]
@@ -317,6 +323,8 @@ pub fn synth_config(m: &ModelArgs) -> SynthConfig {
     }
 }
 
+/// The request the options ask for, but its emotion: that is the model's to check, once it is
+/// loaded ([`emotion`]).
 pub fn request(
     voice: &str,
     text: String,
@@ -351,6 +359,11 @@ pub fn request(
             max_new_tokens: g.max_new_tokens,
         },
     })
+}
+
+/// The emotion the options ask for, as the loaded model `pkg` can speak it.
+pub fn emotion(pkg: &ModelPackage, g: &GenArgs) -> Result<Option<String>> {
+    Ok(pkg.emotion(g.emotion.as_deref())?)
 }
 
 pub fn read_text(text: Option<String>) -> Result<String> {

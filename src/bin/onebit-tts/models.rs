@@ -19,12 +19,17 @@ pub enum ModelsCmd {
     /// Fetch a model from the Hugging Face Hub into its cache (~/.cache/huggingface/hub, or
     /// $HF_HOME/hub) and put a ready package in models/NAME when the files make one: neutts-air-q4
     /// and -q8 (GGUF, --engine llama), neutts-air-npu (AMD's package, --device npu), neutts-air
-    /// (the checkpoint, for building), the same for neutts-nano(-q4, -q8), or any owner/name
-    /// id. HF_ENDPOINT and HF_TOKEN are
-    /// honoured; an interrupted download resumes on the next run.
+    /// (the checkpoint, for building), the same for neutts-nano, neutts-nano-german,
+    /// neutts-nano-french, neutts-nano-spanish and neutts-2e (each with -q4 and -q8), or any
+    /// owner/name id. A German, French or Spanish Nano records its language (its text is read
+    /// in it without --lang); NeuTTS-2E takes --emotion, its speakers are the voices emily,
+    /// paul, sophie and steven. HF_ENDPOINT and HF_TOKEN are honoured; an interrupted download
+    /// resumes on the next run.
     Pull {
         /// A short name (neutts-air-q4, neutts-air-q8, neutts-air-npu, neutts-air,
-        /// neutts-nano-q4, neutts-nano-q8, neutts-nano) or a repository id owner/name.
+        /// neutts-nano-q4, neutts-nano-q8, neutts-nano, neutts-nano-german-q4,
+        /// neutts-nano-german-q8, neutts-nano-german, the same for -french and -spanish,
+        /// neutts-2e-q4, neutts-2e-q8, neutts-2e) or a repository id owner/name.
         name: String,
         /// Branch, tag or commit.
         #[arg(long, default_value = "main")]

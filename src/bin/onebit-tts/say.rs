@@ -17,7 +17,8 @@ use onebit_tts::synth::{
 };
 
 use crate::args::{
-    GenArgs, ModelArgs, OutArgs, output_spec, progress_bar, read_text, request, synth_config,
+    GenArgs, ModelArgs, OutArgs, emotion, output_spec, progress_bar, read_text, request,
+    synth_config,
 };
 
 #[derive(Args)]
@@ -185,11 +186,12 @@ fn say_to(
         .captions
         .map(|p| CaptionFormat::from_path(p).map(|f| (p, f)))
         .transpose()?;
-    let req = request(voice, text, g, spec)?;
+    let mut req = request(voice, text, g, spec)?;
     let mut cfg = synth_config(model);
     // One request is one stream of codec windows: more sessions would only cost memory.
     cfg.codec_sessions.get_or_insert(1);
     let synth = std::sync::Arc::new(Synthesizer::load(&cfg)?);
+    req.emotion = emotion(synth.package(), g)?;
     // The same door as the server's: the limits are checked, and a transient engine failure is
     // retried, exactly as a request over HTTP would be.
     let door = Door::new(
@@ -365,7 +367,8 @@ fn decode_to(model: &ModelArgs, out: &OutArgs, codes_path: &Path, output: &Path)
 fn prompt_cmd(model: &ModelArgs, g: &GenArgs, voice: &str, text: String, json: bool) -> Result<()> {
     // The prompt needs no runtime: only the package, the voice and the front end.
     let front = FrontEnd::load(&synth_config(model))?;
-    let req = request(voice, text, g, OutputSpec::default())?;
+    let mut req = request(voice, text, g, OutputSpec::default())?;
+    req.emotion = emotion(front.package(), g)?;
     let budget = front.package().genai.token_budget();
     let plan = front.plan(&req, budget, req.generation.min_new_tokens)?;
     let pieces = &plan.pieces;
