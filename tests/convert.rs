@@ -338,3 +338,61 @@ fn float32_files_follow_the_llama_engine_for_every_architecture() {
         assert!(summary.contains("requantised  none"), "{summary}");
     }
 }
+
+/// What a GGUF says of itself in its metadata (the vendor's `neuphonic.input_format` and
+/// `neuphonic.supported_emotions`) goes with the conversion: the converted package takes the
+/// same emotions and makes the same prompt ids.
+#[test]
+fn the_gguf_s_input_format_and_emotions_go_with_the_conversion() {
+    let src = common::repo().join("models/tiny-emotion-gguf");
+    assert!(
+        src.join("model-f32.gguf").exists(),
+        "run scripts/gen-test-models.sh"
+    );
+    assert!(
+        !src.join("config.json").exists(),
+        "the facts come from the GGUF"
+    );
+    let work = common::tempdir("convert-emotion");
+    let dst = work.join("onnx");
+    let o = common::cli(&[
+        "models",
+        "convert",
+        "-q",
+        src.to_str().unwrap(),
+        dst.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let (a, b) = (
+        ModelPackage::load(&src, None).unwrap(),
+        ModelPackage::load(&dst, None).unwrap(),
+    );
+    assert_eq!(b.format, BackboneFormat::Onnx);
+    assert_eq!(b.input_format, a.input_format);
+    assert_eq!(b.emotions, a.emotions);
+    assert!(
+        a.emotions
+            .as_ref()
+            .is_some_and(|e| e.contains(&"happy".to_owned()))
+    );
+    let prompt = |m: &Path| {
+        let o = common::cli(&[
+            "prompt",
+            "--model",
+            m.to_str().unwrap(),
+            "--voice",
+            "test",
+            "--emotion",
+            "happy",
+            "Hello there.",
+        ]);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        // The ids (the budget line differs: a GGUF package's is llama.cpp's context).
+        let out = common::stdout(&o);
+        out.lines()
+            .find(|l| l.starts_with("ids:"))
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(prompt(&dst), prompt(&src));
+}

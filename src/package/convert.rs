@@ -919,11 +919,18 @@ fn write_package(
     g.init_f32("sin_cache", &[s.context, hd / 2], &sin)?;
     drop((cos, sin));
 
-    let reshape_heads = g.init_i64(
-        "/model/constants/INT64/[0, 0, -1, head_size]",
-        &[0, 0, -1, hd as i64],
-    )?;
-    let reshape_flat = g.init_i64("/model/constants/INT64/[0, 0, -1]", &[0, 0, -1])?;
+    // The per-head q/k norms (qwen3) work on [batch, seq, heads, head_size].
+    let reshapes = if arch == Arch::Qwen3 {
+        Some((
+            g.init_i64(
+                "/model/constants/INT64/[0, 0, -1, head_size]",
+                &[0, 0, -1, hd as i64],
+            )?,
+            g.init_i64("/model/constants/INT64/[0, 0, -1]", &[0, 0, -1])?,
+        ))
+    } else {
+        None
+    };
     let eps = attr_f("epsilon", s.eps);
     let mut residual = x.to_owned();
     let mut prev_down: Option<String> = None;
@@ -1066,8 +1073,8 @@ fn write_package(
                 );
             }
         }
-        if arch == Arch::Qwen3 {
-            for (which, t, count) in [("q_norm", &mut q, s.heads), ("k_norm", &mut k, s.kv_heads)] {
+        if let Some((reshape_heads, reshape_flat)) = &reshapes {
+            for (which, t) in [("q_norm", &mut q), ("k_norm", &mut k)] {
                 let short = &which[..1];
                 let w = src.vector(&format!("{blk}.attn_{short}_norm.weight"), hd)?;
                 let w = g.init_f32(&format!("{wn}.attn.{which}.layernorm.weight"), &[hd], &w)?;
@@ -1075,7 +1082,7 @@ fn write_package(
                 let r = g.node(
                     "Reshape",
                     &format!("{pre}/Reshape_1"),
-                    &[t, &reshape_heads],
+                    &[t, reshape_heads],
                     &[&format!("{pre}/Reshape_1/output_0")],
                     vec![],
                 );
@@ -1089,11 +1096,10 @@ fn write_package(
                 *t = g.node(
                     "Reshape",
                     &format!("{pre}/Reshape_2"),
-                    &[&n, &reshape_flat],
+                    &[&n, reshape_flat],
                     &[&format!("{pre}/Reshape_2/output_0")],
                     vec![],
                 );
-                debug_assert!(count > 0);
             }
         }
         let attn = g.node(
@@ -1377,6 +1383,7 @@ fn write_package(
     ];
     crate::paths::copy_tree(&pkg.dir, out, &skip, crate::paths::Files::LinkLarge)
         .map_err(|(path, err)| ConvertError::Io { path, err })?;
+    carry_neuphonic_facts(pkg, out)?;
     let report = ConvertReport {
         source: pkg.decoder_path.clone(),
         dir: out.to_path_buf(),
@@ -1393,6 +1400,41 @@ fn write_package(
         &serde_json::to_value(&report).expect("plain data"),
     )?;
     Ok(report)
+}
+
+/// What the GGUF's own metadata says of the model (`neuphonic.input_format`, its emotions, read
+/// as the vendor does) goes to the new package's config.json, where an ONNX package states it:
+/// the converted model takes the same prompts and emotions as its source.
+fn carry_neuphonic_facts(pkg: &ModelPackage, out: &Path) -> Result<(), ConvertError> {
+    let path = out.join("config.json");
+    let mut config: serde_json::Value = match fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| {
+            ConvertError::Package(PackageError::BadJson {
+                path: path.clone(),
+                what: "config.json",
+                err: e.to_string(),
+            })
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::json!({}),
+        Err(e) => return Err(io(&path)(e)),
+    };
+    let Some(obj) = config.as_object_mut() else {
+        return Err(ConvertError::Package(PackageError::Invalid {
+            path,
+            msg: "not a JSON object".into(),
+        }));
+    };
+    let section = obj
+        .entry("neuphonic")
+        .or_insert_with(|| serde_json::json!({}));
+    if !section.is_object() {
+        *section = serde_json::json!({});
+    }
+    section["input_format"] = pkg.input_format.to_string().into();
+    if let Some(emotions) = &pkg.emotions {
+        section["supported_emotions"] = emotions.clone().into();
+    }
+    write_json(&path, &config)
 }
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<(), ConvertError> {
