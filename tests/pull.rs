@@ -612,6 +612,42 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
         "a".repeat(40)
     );
 
+    // Converted for our engine after the download, inside the package: on a CPU say runs the
+    // conversion, --engine llama the GGUF.
+    assert!(
+        out.contains(&format!("converted for --engine ort: {dir}/onnx")),
+        "{out}"
+    );
+    assert!(pkg.join("onnx/genai_config.json").is_file());
+    assert!(pkg.join("onnx/convert.json").is_file());
+    for (engine, want) in [
+        (
+            "auto",
+            "runs on our ONNX Runtime engine (--engine auto without a GPU for llama.cpp)",
+        ),
+        ("llama", "INFO llama.cpp "),
+    ] {
+        let o = common::cli(&[
+            "say",
+            "--verbose",
+            "--model",
+            &dir,
+            "--engine",
+            engine,
+            "--voice",
+            "test",
+            "-o",
+            run.work.join("engine.wav").to_str().unwrap(),
+            "Hi.",
+        ]);
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        assert!(
+            common::stderr(&o).contains(want),
+            "{engine}: {}",
+            common::stderr(&o)
+        );
+    }
+
     // It speaks: the same audio as the package it was made from.
     let (a, b) = (run.work.join("pulled.wav"), run.work.join("source.wav"));
     for (model, out) in [(&pkg, &a), (&g, &b)] {
@@ -671,6 +707,17 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
         pulled(&pkg, "neutts-air-Q4_0.gguf")["commit"],
         "f".repeat(40)
     );
+
+    // --no-convert keeps the GGUF package as pulled.
+    let plain = run.dir_arg("neutts-air-q4-plain");
+    let o = run.pull(&["neutts-air-q4", "--dir", &plain, "--no-convert"], &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        !common::stdout(&o).contains("converted"),
+        "{}",
+        common::stdout(&o)
+    );
+    assert!(!run.dir("neutts-air-q4-plain").join("onnx").exists());
 
     // The package gone, the cache kept: put back from the cache without a download.
     std::fs::remove_dir_all(&pkg).unwrap();
@@ -1459,6 +1506,21 @@ fn models_setup_pulls_the_q4_build_once_and_says_what_it_could_not_reach() {
         common::stdout(&o).trim(),
         "real model: models/neutts-air-q4 (kept)"
     );
+    assert_eq!(hub.log_len(), asked, "a kept package does not ask the hub");
+
+    // A GGUF package pulled before pulls converted it gets its conversion when kept.
+    assert!(
+        pkg.join("onnx/genai_config.json").is_file(),
+        "the pull converted it"
+    );
+    std::fs::remove_dir_all(pkg.join("onnx")).unwrap();
+    let o = setup(&hub.url, &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert_eq!(
+        common::stdout(&o).trim(),
+        "real model: models/neutts-air-q4 (kept)\nconverted for --engine ort: models/neutts-air-q4/onnx"
+    );
+    assert!(pkg.join("onnx/genai_config.json").is_file());
     assert_eq!(hub.log_len(), asked, "a kept package does not ask the hub");
 }
 

@@ -42,6 +42,9 @@ use super::{BackboneFormat, ModelPackage, PackageError, SPEECH_CODES};
 
 /// What `models convert` writes beside the package: the source and what was requantised.
 pub const CONVERTED: &str = "convert.json";
+/// Where `models pull` puts a GGUF package's conversion: inside it, so the package holds both
+/// backbones (the GGUF for llama.cpp on a GPU, this for our engine on a CPU) and one name.
+pub const CONVERTED_DIR: &str = "onnx";
 const DECODER: &str = "model.onnx";
 const DATA: &str = "model.onnx.data";
 /// The builder's accuracy level for CPU int4 exports: int8 activations per block.
@@ -1376,10 +1379,14 @@ fn write_package(
         &out.join(LOGITS_MANIFEST),
         &serde_json::to_value(&manifest).expect("plain data"),
     )?;
+    // Not the GGUF, its records, a conversion it already holds, nor this work directory (it may
+    // lie inside the source: `models pull` converts into the package it assembles).
     let skip = [
         pkg.decoder_path.clone(),
         pkg.dir.join(super::install::PULLED),
         pkg.dir.join(CONVERTED),
+        pkg.dir.join(CONVERTED_DIR),
+        pkg.dir.join(out.file_name().unwrap_or_default()),
     ];
     crate::paths::copy_tree(&pkg.dir, out, &skip, crate::paths::Files::LinkLarge)
         .map_err(|(path, err)| ConvertError::Io { path, err })?;

@@ -212,6 +212,8 @@ pub trait FetchProgress {
     fn start(&mut self, file: &str, size: u64, already: u64);
     fn advance(&mut self, bytes: u64);
     fn done(&mut self);
+    /// Work after the downloads (`models pull` converting a GGUF): `done` of `total` steps.
+    fn step(&mut self, _what: &str, _done: usize, _total: usize) {}
 }
 
 /// Adapts hf-hub's progress calls (an `init` per attempt, then `update(resume offset)` and the

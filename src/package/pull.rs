@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::ModelPackage;
+pub use super::convert::CONVERTED_DIR;
 use super::hub::{FetchProgress, Fetched, Hub, HubError, RepoFile, Snapshot};
 pub use super::install::Placed;
 use super::install::{InstallError, check_replaceable, install, work_dir, write_json};
@@ -204,6 +205,8 @@ pub struct PullOptions {
     pub file: Option<String>,
     /// The codec repository (the vendor's int8 variant, say).
     pub codec_repo: String,
+    /// Convert a GGUF package for our ONNX Runtime engine (`CONVERTED_DIR` inside it).
+    pub convert: bool,
 }
 
 impl Default for PullOptions {
@@ -214,6 +217,7 @@ impl Default for PullOptions {
             force: false,
             file: None,
             codec_repo: CODEC_REPO.into(),
+            convert: true,
         }
     }
 }
@@ -279,6 +283,7 @@ pub enum Outcome {
         dir: PathBuf,
         summary: String,
         placed: Placed,
+        conversion: Conversion,
     },
     /// A checkpoint in the cache and the codec's files: `models build` makes the package.
     Checkpoint {
@@ -288,6 +293,18 @@ pub enum Outcome {
     Files {
         snapshot: PathBuf,
     },
+}
+
+/// What became of a pulled GGUF's conversion for our ONNX Runtime engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conversion {
+    /// Not a GGUF package, or `--no-convert`.
+    None,
+    /// Converted now (the report's summary), or already there.
+    Converted(String),
+    Kept,
+    /// The GGUF could not be converted (it still runs with `--engine llama`): why.
+    Failed(String),
 }
 
 /// The codec decoder's files in the cache and their names in a package's `codec/`.
@@ -563,20 +580,23 @@ pub fn pull(
             // (a repository's own record, if it ships one, is a file like the others).
             let language = LanguageRecord::of_repo(&snap.repo)
                 .filter(|_| !files.iter().any(|(_, m)| m.to == LANGUAGE_FILE));
-            let (summary, placed) = place(
+            let (summary, placed, conversion) = place(
                 &dir,
                 &Assembly {
                     files: &files,
                     manifest: &manifest,
                     codec_json: codec_json.as_deref(),
                     language: language.as_ref(),
+                    convert: opts.convert && kind == Kind::GgufPackage,
                 },
                 opts.force,
+                progress,
             )?;
             Outcome::Package {
                 dir,
                 summary,
                 placed,
+                conversion,
             }
         }
     };
@@ -612,10 +632,19 @@ struct Assembly<'a> {
     /// The codec decoder's file name, when codec/codec.json must name it.
     codec_json: Option<&'a str>,
     language: Option<&'a LanguageRecord>,
+    /// Convert the GGUF for our ONNX Runtime engine.
+    convert: bool,
 }
 
-/// Assembles the package beside `dir`, checks it, and renames it into place.
-fn place(dir: &Path, a: &Assembly<'_>, force: bool) -> Result<(String, Placed), PullError> {
+/// Assembles the package beside `dir`, checks it, converts a GGUF package for our ONNX Runtime
+/// engine (into [`CONVERTED_DIR`]; a failure keeps the GGUF package and says why), and renames
+/// it into place.
+fn place(
+    dir: &Path,
+    a: &Assembly<'_>,
+    force: bool,
+    progress: &mut dyn FetchProgress,
+) -> Result<(String, Placed, Conversion), PullError> {
     // A package pulled before the language was recorded is brought up to date (a repository's
     // own record is one of its files, which the manifest covers).
     let same_language = || {
@@ -626,11 +655,23 @@ fn place(dir: &Path, a: &Assembly<'_>, force: bool) -> Result<(String, Placed), 
                 .is_some_and(|r| r.language == want.language)
         })
     };
+    // A GGUF package pulled before pulls converted it is converted on the next pull.
+    let converted = || !a.convert || dir.join(CONVERTED_DIR).join("genai_config.json").is_file();
     if read_manifest(dir).as_ref() == Some(a.manifest)
         && same_files(dir, a.manifest)
         && same_language()
+        && converted()
     {
-        return Ok((ModelPackage::load(dir, None)?.summary(), Placed::UpToDate));
+        let conversion = if a.convert {
+            Conversion::Kept
+        } else {
+            Conversion::None
+        };
+        return Ok((
+            ModelPackage::load(dir, None)?.summary(),
+            Placed::UpToDate,
+            conversion,
+        ));
     }
     check_replaceable(dir, force)?;
     let work = work_dir(dir, "pull")?;
@@ -638,8 +679,34 @@ fn place(dir: &Path, a: &Assembly<'_>, force: bool) -> Result<(String, Placed), 
         let summary = ModelPackage::load(&work, None)?
             .summary()
             .replace(&work.display().to_string(), &dir.display().to_string());
+        let conversion = if a.convert {
+            let report = super::convert::convert(
+                &work,
+                &work.join(CONVERTED_DIR),
+                Default::default(),
+                &mut |done, total| progress.step("converting for --engine ort", done, total),
+            );
+            progress.done();
+            match report {
+                Ok(r) => Conversion::Converted(
+                    r.summary()
+                        .replace(&work.display().to_string(), &dir.display().to_string()),
+                ),
+                Err(e) => {
+                    let why = e
+                        .to_string()
+                        .replace(&work.display().to_string(), &dir.display().to_string());
+                    tracing::warn!(
+                        "the GGUF was not converted for --engine ort ({why}); it runs with --engine llama"
+                    );
+                    Conversion::Failed(why)
+                }
+            }
+        } else {
+            Conversion::None
+        };
         let placed = install(&work, dir)?;
-        Ok((summary, placed))
+        Ok((summary, placed, conversion))
     });
     let _ = std::fs::remove_dir_all(&work);
     result

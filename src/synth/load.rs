@@ -61,6 +61,34 @@ pub struct SynthConfig {
 }
 
 impl SynthConfig {
+    /// The package directory the backbone runs from. A GGUF package that holds its conversion
+    /// (`onnx/`, which `models pull` makes) runs the conversion on our ONNX Runtime engine,
+    /// measured faster than llama.cpp on the same weights on a CPU (docs/performance.md), unless
+    /// llama.cpp is asked for (`--engine llama` or `oga`) or would run on a GPU (`--device vulkan`,
+    /// `rocm` or `cuda`, or `auto` where this build's llama.cpp sees a GPU). Said at INFO.
+    pub fn backbone_dir(&self) -> PathBuf {
+        let dir = &self.package_dir;
+        let twin = dir.join(crate::package::convert::CONVERTED_DIR);
+        if dir.join("genai_config.json").exists() || !twin.join("genai_config.json").is_file() {
+            return dir.clone();
+        }
+        let gpu = match self.device {
+            DeviceChoice::Exactly(d) => matches!(d, Device::Vulkan | Device::Rocm | Device::Cuda),
+            DeviceChoice::Auto => llama_gpu().is_some(),
+        };
+        let why = match (self.engine, gpu) {
+            (EngineKind::Ort, _) => "--engine ort",
+            (EngineKind::Auto, false) => "--engine auto without a GPU for llama.cpp",
+            _ => return dir.clone(),
+        };
+        tracing::info!(
+            "{}: its conversion {} runs on our ONNX Runtime engine ({why}); --engine llama runs the GGUF",
+            dir.display(),
+            twin.display()
+        );
+        twin
+    }
+
     /// With `--engine oga`: onnxruntime-genai's settings, its runtime, threads and KV mode
     /// defaulting to the ort engine's; `None` for our own loop.
     pub fn oga_options(&self) -> Option<OgaOptions> {
@@ -213,6 +241,17 @@ fn load_llama(cfg: &SynthConfig, pkg: &ModelPackage) -> Result<Box<dyn Engine>, 
     };
     let backbone = engine::LlamaBackbone::load(pkg, &opts)?;
     Ok(Box::new(LocalEngine(Box::new(backbone))))
+}
+
+/// The GPU this build's llama.cpp would take for `--device auto`.
+#[cfg(feature = "llama")]
+fn llama_gpu() -> Option<Device> {
+    engine::llama::first_gpu()
+}
+
+#[cfg(not(feature = "llama"))]
+fn llama_gpu() -> Option<Device> {
+    None
 }
 
 #[cfg(not(feature = "llama"))]

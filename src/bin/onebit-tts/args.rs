@@ -273,7 +273,7 @@ pub fn voice_dirs(extra: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 pub fn synth_config(m: &ModelArgs) -> SynthConfig {
-    SynthConfig {
+    let mut cfg = SynthConfig {
         package_dir: m
             .model
             .as_deref()
@@ -320,7 +320,9 @@ pub fn synth_config(m: &ModelArgs) -> SynthConfig {
             batch_invariant: m.batch_invariant,
             prefix_cache_mib: m.prefix_cache_mib,
         },
-    }
+    };
+    cfg.package_dir = cfg.backbone_dir();
+    cfg
 }
 
 /// The request the options ask for, but its emotion: that is the model's to check, once it is

@@ -8,7 +8,7 @@ use indicatif::ProgressBar;
 
 use onebit_tts::package::build::{self, BuildOptions, CodecSource, Precision};
 use onebit_tts::package::hub::{FetchProgress, Hub, HubConfig};
-use onebit_tts::package::pull::{self, Outcome, Placed, PullOptions, Target};
+use onebit_tts::package::pull::{self, Conversion, Outcome, Placed, PullOptions, Target};
 use onebit_tts::package::{ModelPackage, convert, optimize};
 use onebit_tts::synth::resolve_dir;
 
@@ -46,6 +46,10 @@ pub enum ModelsCmd {
         /// The codec decoder's repository (e.g. the vendor's int8 variant).
         #[arg(long, default_value = pull::CODEC_REPO)]
         codec_repo: String,
+        /// Keep a GGUF package as pulled: no conversion for --engine ort (`models convert`
+        /// makes it later).
+        #[arg(long)]
+        no_convert: bool,
     },
     /// Get the real model for the main job: a NeuTTS-air package already in models/
     /// (neutts-air, neutts-air-q4, neutts-air-q8) is kept; otherwise the vendor's GGUF build is
@@ -160,6 +164,18 @@ impl FetchProgress for Bars {
             b.finish_and_clear();
         }
     }
+    fn step(&mut self, what: &str, done: usize, total: usize) {
+        let bar = self.bar.get_or_insert_with(|| {
+            progress_bar(
+                self.quiet,
+                total as u64,
+                "{msg:30!} [{bar:30}] {pos}/{len} {elapsed}",
+            )
+        });
+        bar.set_message(what.to_owned());
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    }
 }
 
 fn pull_cmd(target: &str, opts: PullOptions, quiet: bool) -> Result<()> {
@@ -188,6 +204,7 @@ fn pull_cmd(target: &str, opts: PullOptions, quiet: bool) -> Result<()> {
             dir,
             summary,
             placed,
+            conversion,
         } => {
             let what = match placed {
                 Placed::New => "in place",
@@ -195,6 +212,21 @@ fn pull_cmd(target: &str, opts: PullOptions, quiet: bool) -> Result<()> {
                 Placed::UpToDate => "already up to date",
             };
             println!("{summary}");
+            let twin = dir.join(pull::CONVERTED_DIR);
+            match conversion {
+                Conversion::None => {}
+                Conversion::Converted(report) => {
+                    println!("{report}");
+                    println!(
+                        "converted for --engine ort: {} (on a CPU say and serve run it; --engine llama runs the GGUF)",
+                        twin.display()
+                    );
+                }
+                Conversion::Kept => println!("converted for --engine ort: {}", twin.display()),
+                Conversion::Failed(why) => println!(
+                    "not converted for --engine ort ({why}): the GGUF runs with --engine llama"
+                ),
+            }
             println!("package {}: {what}", dir.display());
         }
         Outcome::Checkpoint { snapshot, .. } => {
@@ -213,6 +245,7 @@ fn setup_cmd(name: &str, no_pull: bool, quiet: bool) -> Result<()> {
     let dirs = crate::args::REAL_MODEL_DIRS.join(", ");
     if let Some(dir) = crate::args::real_model() {
         println!("real model: {} (kept)", dir.display());
+        convert_kept(&dir, quiet);
         return Ok(());
     }
     if no_pull {
@@ -235,6 +268,28 @@ fn setup_cmd(name: &str, no_pull: bool, quiet: bool) -> Result<()> {
         .context("the pulled package is not where the default model looks (a bug)")?;
     println!("real model: {}", dir.display());
     Ok(())
+}
+
+/// A kept GGUF package pulled before pulls converted gets its conversion for our engine, as a
+/// pull makes it now; a failure leaves the GGUF package as it is (it runs with --engine llama).
+fn convert_kept(dir: &std::path::Path, quiet: bool) {
+    let twin = dir.join(pull::CONVERTED_DIR);
+    if dir.join("genai_config.json").exists() || twin.join("genai_config.json").is_file() {
+        return;
+    }
+    let bar = progress_bar(quiet, 0, "{msg:30!} [{bar:30}] {pos}/{len} {elapsed}");
+    bar.set_message("converting for --engine ort");
+    let result = convert::convert(dir, &twin, Default::default(), &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    match result {
+        Ok(_) => println!("converted for --engine ort: {}", twin.display()),
+        Err(e) => {
+            println!("not converted for --engine ort ({e}): the GGUF runs with --engine llama")
+        }
+    }
 }
 
 struct BuildArgs {
@@ -361,6 +416,7 @@ pub fn run(cmd: ModelsCmd, quiet: bool) -> Result<()> {
             force,
             file,
             codec_repo,
+            no_convert,
         } => pull_cmd(
             &name,
             PullOptions {
@@ -369,6 +425,7 @@ pub fn run(cmd: ModelsCmd, quiet: bool) -> Result<()> {
                 force,
                 file,
                 codec_repo,
+                convert: !no_convert,
             },
             quiet,
         ),
