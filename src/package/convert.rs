@@ -138,8 +138,9 @@ impl ConvertReport {
                 .max_by(|a, b| a.max_error.total_cmp(&b.max_error))
                 .expect("not empty");
             s += &format!(
-                "requantised  {} tensors; largest weight error {:.3e} ({}, {} -> {}-bit, weights up to {:.3e})\n",
+                "requantised  {} tensor{}; largest weight error {:.3e} ({}, {} -> {}-bit, weights up to {:.3e})\n",
                 self.requantised.len(),
+                if self.requantised.len() == 1 { "" } else { "s" },
                 worst.max_error,
                 worst.tensor,
                 worst.from,
