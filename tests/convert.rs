@@ -282,6 +282,16 @@ fn a_k_quant_mix_is_requantised_and_says_so() {
     for want in ["Q4_K -> 8-bit", "Q6_K -> 8-bit", "largest weight error"] {
         assert!(summary.contains(want), "{want:?} not in:\n{summary}");
     }
+    // On rows of 64 (like NeuTTS-air's 896, not whole 256-blocks) the quantizer falls back to
+    // Q5_0 for Q4_K and Q8_0 for Q6_K: the likely K-quant mix of a real file.
+    let f32_dir = f32_package(&py, &converter, "llama", 64);
+    let dir = quantized(
+        &f32_dir,
+        "llama-q4_k_m-64",
+        llama_cpp_sys_2::LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    );
+    let summary = check(&dir, &[], 0.05);
+    assert!(summary.contains("Q5_0 -> 8-bit"), "{summary}");
 }
 
 /// What cannot be converted is refused with the tensor and its type, and nothing is written.
@@ -322,6 +332,22 @@ fn an_unreadable_type_is_refused_and_nothing_is_written() {
         })
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // A destination inside the source package would copy the package into itself.
+    let inside = dir.join("deeper/onnx");
+    let o = common::cli(&[
+        "models",
+        "convert",
+        dir.to_str().unwrap(),
+        inside.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        common::error_line(&o).contains("is inside the source package"),
+        "{}",
+        common::error_line(&o)
+    );
+    assert!(!dir.join("deeper").exists());
 }
 
 /// llama.cpp's float32 files convert to float weights: the engines then differ only in float

@@ -627,6 +627,7 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
         ),
         ("llama", "INFO llama.cpp "),
     ] {
+        let codes = run.work.join("codes.json");
         let o = common::cli(&[
             "say",
             "--verbose",
@@ -638,6 +639,8 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
             "test",
             "-o",
             run.work.join("engine.wav").to_str().unwrap(),
+            "--codes",
+            codes.to_str().unwrap(),
             "Hi.",
         ]);
         assert!(o.status.success(), "{}", common::stderr(&o));
@@ -646,6 +649,10 @@ fn a_vendor_gguf_pull_makes_a_package_that_speaks_and_reuses_the_cache() {
             "{engine}: {}",
             common::stderr(&o)
         );
+        // The conversion is the same model: it keeps the package's name.
+        let codes: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&codes).unwrap()).unwrap();
+        assert_eq!(codes["model"], "neutts-air-q4", "{engine}");
     }
 
     // It speaks: the same audio as the package it was made from.

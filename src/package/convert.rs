@@ -60,6 +60,8 @@ pub enum ConvertError {
     Unsupported { path: PathBuf, msg: String },
     #[error("{}: {err}", .path.display())]
     Io { path: PathBuf, err: std::io::Error },
+    #[error(transparent)]
+    Install(#[from] super::install::InstallError),
     #[error("{0}")]
     Usage(String),
 }
@@ -280,6 +282,11 @@ impl Source<'_> {
                 GgmlType::name_of(t.ggml_type)
             ))
         })?;
+        if k == 0 || rows == 0 {
+            return Err(self.unsupported(format!(
+                "tensor {name} would have no weights ({k} x {rows})"
+            )));
+        }
         let want: Vec<u64> = if rows == 1 {
             vec![k as u64]
         } else {
@@ -339,7 +346,12 @@ impl Source<'_> {
             None => raw,
         };
         let n = raw.len() / row_bytes;
-        if bits.is_none()
+        let stored_bits = match ty {
+            GgmlType::Q4_0 => Some(4),
+            GgmlType::Q8_0 => Some(8),
+            _ => None,
+        };
+        if (bits.is_none() || bits == stored_bits)
             && let Some(b) = ggml::repack(ty, &raw, k)
         {
             *self.exact.entry(ty.name()).or_default() += 1;
@@ -364,7 +376,8 @@ impl Source<'_> {
         }
         // 8 bits unless asked: a second 4-bit grid over a 4-bit K-quant doubles its rounding
         // (measured: logits moved by most of their scale on the test checkpoint), while 8-bit
-        // blocks keep each weight within 1/16 of the source's own step.
+        // blocks move each weight by at most half of amax/127 of its block (the report gives
+        // the measured largest change).
         let bits = bits.unwrap_or(8);
         let mut out: Option<Blocks> = None;
         let (mut max_error, mut max_weight) = (0f32, 0f32);
@@ -630,7 +643,7 @@ fn shape_of(gguf: &GgufModel, src: &Source<'_>) -> Result<Shape, ConvertError> {
         .ok_or_else(|| {
             src.unsupported("no attention.layer_norm_rms_epsilon: not an RMS-norm model".into())
         })?;
-    Ok(Shape {
+    let s = Shape {
         hidden: d.hidden_size,
         heads: d.num_attention_heads,
         kv_heads: d.num_key_value_heads,
@@ -638,7 +651,49 @@ fn shape_of(gguf: &GgufModel, src: &Source<'_>) -> Result<Shape, ConvertError> {
         layers: d.num_hidden_layers,
         context: facts.model.context_length,
         eps: eps as f32,
-    })
+    };
+    // A GGUF is outside input: sizes that would make an empty, odd or unbounded graph are
+    // refused before anything is allocated for them.
+    let bad = |msg: String| Err(src.unsupported(msg));
+    if s.hidden == 0 || s.head_size == 0 || !s.head_size.is_multiple_of(2) {
+        return bad(format!(
+            "hidden size {} and head size {}: the rotary needs a positive, even head size",
+            s.hidden, s.head_size
+        ));
+    }
+    if s.heads.checked_mul(s.head_size).is_none() || s.layers > 4096 {
+        return bad(format!(
+            "{} heads of {}, {} layers: not a model",
+            s.heads, s.head_size, s.layers
+        ));
+    }
+    // The rotary caches are context x head size floats, twice: at most 1 GiB of them.
+    if s.context
+        .checked_mul(s.head_size)
+        .is_none_or(|n| n > 1 << 27)
+    {
+        return bad(format!(
+            "context length {} with head size {}: the rotary caches would exceed 1 GiB",
+            s.context, s.head_size
+        ));
+    }
+    for (key, what) in [
+        (
+            "rope.dimension_count",
+            "rotary dimensions (partial rotary is not built)",
+        ),
+        ("attention.value_length", "value head size"),
+    ] {
+        if let Ok(v) = gguf.arch_u64(key)
+            && v != s.head_size as u64
+        {
+            return bad(format!(
+                "{key} {v}: {what} other than the head size {}",
+                s.head_size
+            ));
+        }
+    }
+    Ok(s)
 }
 
 /// Checks that every tensor of the GGUF is one this architecture's graph uses: a tensor left
@@ -707,20 +762,9 @@ pub fn convert(
             dst.display()
         )));
     }
-    let name = dst
-        .file_name()
-        .ok_or_else(|| ConvertError::Usage(format!("{}: not a directory name", dst.display())))?
-        .to_string_lossy()
-        .into_owned();
-    let parent = match dst.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).map_err(io(&parent))?;
-    remove_abandoned(&parent, &name);
-    let work = parent.join(format!(".{name}.convert-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir(&work).map_err(io(&work))?;
+    check_not_inside(&pkg.dir, dst)?;
+    // Assembled beside DST (a killed run's leftovers are removed by the next one).
+    let work = super::install::work_dir(dst, "convert")?;
     let result = write_package(&pkg, &work, options, progress).and_then(|mut report| {
         // Loaded back as `models check` would, before it takes the final name.
         ModelPackage::load(&work, None)?;
@@ -737,24 +781,43 @@ pub fn convert(
     result
 }
 
-/// Work directories of conversions to `name` whose process is gone (killed mid-run).
-fn remove_abandoned(parent: &Path, name: &str) {
-    let prefix = format!(".{name}.convert-");
-    let Ok(entries) = fs::read_dir(parent) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let file = e.file_name();
-        let Some(pid) = file.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
-            continue;
+/// `p` with its longest existing ancestor canonicalised (the rest may not exist yet).
+fn resolve(p: &Path) -> Option<PathBuf> {
+    let mut rest = Vec::new();
+    let mut cur = p;
+    loop {
+        let here = if cur.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            cur
         };
-        if pid
-            .parse::<u32>()
-            .is_ok_and(|p| !Path::new(&format!("/proc/{p}")).exists())
-        {
-            let _ = fs::remove_dir_all(e.path());
+        if let Ok(c) = fs::canonicalize(here) {
+            return Some(rest.iter().rev().fold(c, |acc: PathBuf, r| acc.join(r)));
         }
+        rest.push(cur.file_name()?);
+        cur = cur.parent()?;
     }
+}
+
+/// A destination inside the source package would be copied into itself; only the source's
+/// own `onnx/` (a direct child, which the copy skips) may lie there.
+fn check_not_inside(src: &Path, dst: &Path) -> Result<(), ConvertError> {
+    let parent = match dst.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let (Ok(src), Some(parent)) = (fs::canonicalize(src), resolve(parent)) else {
+        return Ok(());
+    };
+    if parent != src && parent.starts_with(&src) {
+        return Err(ConvertError::Usage(format!(
+            "{} is inside the source package {}: give a directory outside it (or {}/{CONVERTED_DIR})",
+            dst.display(),
+            src.display(),
+            src.display()
+        )));
+    }
+    Ok(())
 }
 
 fn write_package(
@@ -796,7 +859,7 @@ fn write_package(
     let vocab_rows = gguf.n_vocab()? as usize;
     let (h, hd) = (s.hidden, s.head_size);
     let (q_size, kv_size) = (s.heads * hd, s.kv_heads * hd);
-    let total = 3 + s.layers;
+    let total = s.layers + 3;
     progress(0, total);
 
     let path = out.join(DECODER);

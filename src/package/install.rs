@@ -69,7 +69,9 @@ pub fn check_replaceable(dir: &Path, force: bool) -> Result<(), InstallError> {
     let holds_packages = std::fs::read_dir(dir).is_ok_and(|entries| {
         entries.flatten().any(|e| {
             let p = e.path();
+            // A GGUF package's own conversion (`models pull`, `models setup`) is part of it.
             p.is_dir()
+                && p.file_name() != Some(super::convert::CONVERTED_DIR.as_ref())
                 && (ours(&p)
                     || p.join("genai_config.json").is_file()
                     || super::gguf::find_in(&p).is_ok_and(|g| g.is_some()))
@@ -129,7 +131,7 @@ fn clean_stale(parent: &Path, leaf: &str, dir: &Path) {
             "old" if !dir.exists() => {
                 let _ = std::fs::rename(e.path(), dir);
             }
-            "old" | "pull" | "build" => {
+            "old" | "pull" | "build" | "convert" => {
                 let _ = std::fs::remove_dir_all(e.path());
             }
             _ => {}

@@ -260,10 +260,20 @@ impl ModelPackage {
         Ok(Some(emotion.to_owned()))
     }
 
-    /// The package's name: its directory's.
+    /// The package's name: its directory's; a GGUF package's conversion (`NAME/onnx`, which
+    /// `models pull` makes and a CPU runs) is the same model, so it takes `NAME`.
     pub fn name(&self) -> String {
-        self.dir.file_name().map_or_else(
-            || self.dir.display().to_string(),
+        let dir = match self.dir.parent() {
+            Some(p)
+                if self.dir.file_name() == Some(super::convert::CONVERTED_DIR.as_ref())
+                    && super::gguf::find_in(p).is_ok_and(|g| g.is_some()) =>
+            {
+                p
+            }
+            _ => &self.dir,
+        };
+        dir.file_name().map_or_else(
+            || dir.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         )
     }

@@ -63,15 +63,9 @@ impl AppState {
         names::model_ids(&self.package_name())
     }
 
-    /// The package's own name: its directory's.
+    /// The package's own name ([`crate::package::ModelPackage::name`]).
     pub(super) fn package_name(&self) -> String {
-        self.synth
-            .package()
-            .dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or(names::FAMILY)
-            .to_owned()
+        self.synth.package().name()
     }
 
     pub(super) fn shutting_down(&self) -> bool {

@@ -148,10 +148,7 @@ impl SpeechCodes {
         let voices = synth.voices();
         let voice = voices.get(&req.voice)?;
         let pkg = synth.package();
-        let model = pkg.dir.file_name().map_or_else(
-            || pkg.dir.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        );
+        let model = pkg.name();
         // Only windowed decoding has a layout; a whole decode records none.
         let windows = if req.output.streaming {
             synth.windows

@@ -62,23 +62,25 @@ pub struct SynthConfig {
 
 impl SynthConfig {
     /// The package directory the backbone runs from. A GGUF package that holds its conversion
-    /// (`onnx/`, which `models pull` makes) runs the conversion on our ONNX Runtime engine,
-    /// measured faster than llama.cpp on the same weights on a CPU (docs/performance.md), unless
-    /// llama.cpp is asked for (`--engine llama` or `oga`) or would run on a GPU (`--device vulkan`,
-    /// `rocm` or `cuda`, or `auto` where this build's llama.cpp sees a GPU). Said at INFO.
+    /// (`onnx/`, which `models pull` makes) runs the conversion on our ONNX Runtime engine
+    /// (measured 1.5x llama.cpp's decode on the same weights on a 2-core Xeon,
+    /// docs/performance.md) for `--engine ort`, and for `--engine auto` on the CPU: not where
+    /// llama.cpp would run on a GPU (`--device vulkan`, `rocm` or `cuda`, or `auto` where this
+    /// build's llama.cpp sees a GPU), nor for `--device npu` (AMD's own package runs there).
+    /// `--engine llama` and `oga` keep the directory as given. Said at INFO.
     pub fn backbone_dir(&self) -> PathBuf {
         let dir = &self.package_dir;
         let twin = dir.join(crate::package::convert::CONVERTED_DIR);
         if dir.join("genai_config.json").exists() || !twin.join("genai_config.json").is_file() {
             return dir.clone();
         }
-        let gpu = match self.device {
-            DeviceChoice::Exactly(d) => matches!(d, Device::Vulkan | Device::Rocm | Device::Cuda),
-            DeviceChoice::Auto => llama_gpu().is_some(),
-        };
-        let why = match (self.engine, gpu) {
+        let why = match (self.engine, self.device) {
             (EngineKind::Ort, _) => "--engine ort",
-            (EngineKind::Auto, false) => "--engine auto without a GPU for llama.cpp",
+            (EngineKind::Auto, DeviceChoice::Exactly(Device::Cpu)) => "--device cpu",
+            // Only here is llama.cpp's device list asked for (it starts llama.cpp's backends).
+            (EngineKind::Auto, DeviceChoice::Auto) if llama_gpu().is_none() => {
+                "--engine auto without a GPU for llama.cpp"
+            }
             _ => return dir.clone(),
         };
         tracing::info!(
