@@ -42,9 +42,7 @@ use super::{BackboneFormat, ModelPackage, PackageError, SPEECH_CODES};
 
 /// What `models convert` writes beside the package: the source and what was requantised.
 pub const CONVERTED: &str = "convert.json";
-/// Where `models pull` puts a GGUF package's conversion: inside it, so the package holds both
-/// backbones (the GGUF for llama.cpp on a GPU, this for our engine on a CPU) and one name.
-pub const CONVERTED_DIR: &str = "onnx";
+use super::CONVERTED_DIR;
 const DECODER: &str = "model.onnx";
 const DATA: &str = "model.onnx.data";
 /// The builder's accuracy level for CPU int4 exports: int8 activations per block.

@@ -71,7 +71,7 @@ pub fn check_replaceable(dir: &Path, force: bool) -> Result<(), InstallError> {
             let p = e.path();
             // A GGUF package's own conversion (`models pull`, `models setup`) is part of it.
             p.is_dir()
-                && p.file_name() != Some(super::convert::CONVERTED_DIR.as_ref())
+                && p.file_name() != Some(super::CONVERTED_DIR.as_ref())
                 && (ours(&p)
                     || p.join("genai_config.json").is_file()
                     || super::gguf::find_in(&p).is_ok_and(|g| g.is_some()))

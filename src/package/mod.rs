@@ -35,6 +35,11 @@ pub(crate) fn is_external_data_of(graph: &str, name: &str) -> bool {
         .is_some_and(|rest| rest.starts_with('.') || rest.starts_with("_data"))
 }
 
+/// Where `models pull` puts a GGUF package's conversion (`models convert`): inside it, so the
+/// package holds both backbones (the GGUF for llama.cpp on a GPU, the conversion for our engine
+/// on a CPU) under one name.
+pub const CONVERTED_DIR: &str = "onnx";
+
 /// Reads [`WEIGHTS_MANIFEST`] (absent: `None`).
 fn random_weights(dir: &Path) -> Result<Option<String>, PackageError> {
     let path = dir.join(WEIGHTS_MANIFEST);

@@ -265,7 +265,7 @@ impl ModelPackage {
     pub fn name(&self) -> String {
         let dir = match self.dir.parent() {
             Some(p)
-                if self.dir.file_name() == Some(super::convert::CONVERTED_DIR.as_ref())
+                if self.dir.file_name() == Some(super::CONVERTED_DIR.as_ref())
                     && super::gguf::find_in(p).is_ok_and(|g| g.is_some()) =>
             {
                 p

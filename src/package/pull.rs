@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use super::CONVERTED_DIR;
 use super::ModelPackage;
-pub use super::convert::CONVERTED_DIR;
 use super::hub::{FetchProgress, Fetched, Hub, HubError, RepoFile, Snapshot};
 pub use super::install::Placed;
 use super::install::{InstallError, check_replaceable, install, work_dir, write_json};

@@ -70,7 +70,7 @@ impl SynthConfig {
     /// `--engine llama` and `oga` keep the directory as given. Said at INFO.
     pub fn backbone_dir(&self) -> PathBuf {
         let dir = &self.package_dir;
-        let twin = dir.join(crate::package::convert::CONVERTED_DIR);
+        let twin = dir.join(crate::package::CONVERTED_DIR);
         if dir.join("genai_config.json").exists() || !twin.join("genai_config.json").is_file() {
             return dir.clone();
         }
