@@ -228,14 +228,7 @@ impl Linear {
         let mut first = it.next().expect("three parts");
         for p in it {
             match (&mut first, p) {
-                (Linear::Blocks(a), Linear::Blocks(b)) => {
-                    a.rows += b.rows;
-                    a.data.extend(b.data);
-                    a.scales.extend(b.scales);
-                    if let (Some(x), Some(y)) = (a.zero_points.as_mut(), b.zero_points) {
-                        x.extend(y);
-                    }
-                }
+                (Linear::Blocks(a), Linear::Blocks(b)) => a.append(b),
                 (Linear::Float { rows, w, .. }, Linear::Float { rows: r, w: v, .. }) => {
                     *rows += r;
                     w.extend(v);
@@ -388,14 +381,7 @@ impl Source<'_> {
             }
             match out.as_mut() {
                 None => out = Some(q),
-                Some(o) => {
-                    o.rows += 1;
-                    o.data.extend(q.data);
-                    o.scales.extend(q.scales);
-                    if let (Some(a), Some(b)) = (o.zero_points.as_mut(), q.zero_points) {
-                        a.extend(b);
-                    }
-                }
+                Some(o) => o.append(q),
             }
         }
         self.requantised.push(Requantised {

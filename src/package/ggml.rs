@@ -263,6 +263,17 @@ impl Blocks {
         }
     }
 
+    /// `other`'s rows after these (the same bits, row length and zero-point form).
+    pub fn append(&mut self, other: Blocks) {
+        debug_assert!(other.bits == self.bits && other.k == self.k);
+        self.rows += other.rows;
+        self.data.extend(other.data);
+        self.scales.extend(other.scales);
+        if let (Some(a), Some(b)) = (self.zero_points.as_mut(), other.zero_points) {
+            a.extend(b);
+        }
+    }
+
     pub fn blocks_per_row(&self) -> usize {
         self.k / BLOCK
     }
